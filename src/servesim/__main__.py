@@ -1,0 +1,7 @@
+"""``python -m servesim``."""
+
+import sys
+
+from servesim.cli import main
+
+sys.exit(main())

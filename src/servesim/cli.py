@@ -1,0 +1,223 @@
+"""``servesim replay ...``: flags mirror the reference CLI (``python -m dynamo.replay``).
+
+Exit codes: 0 success, 2 bad usage or input, 1 a simulation that cannot finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from servesim.config import load_json_argument, parse_engine_args
+from servesim.errors import ConfigError, ServesimError
+from servesim.metrics.report import render_table, write_report_json, write_requests_jsonl
+from servesim.metrics.summary import Sla
+from servesim.simulation import RunConfig, SyntheticWorkload, count_requests, run
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"servesim: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite non-negative number, got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be greater than 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``servesim`` argument parser."""
+    parser = _Parser(prog="servesim", description="Simulate LLM inference serving in virtual time.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser("replay", help="replay a trace or synthetic workload on a simulated cluster")
+    w = p.add_argument_group("workload")
+    w.add_argument(
+        "trace_files", nargs="*", type=Path, metavar="TRACE", help="Mooncake JSONL trace"
+    )
+    w.add_argument(
+        "--trace-block-size", type=_positive_int, default=512, help="tokens per hash id (512)"
+    )
+    w.add_argument(
+        "--arrival-speedup-ratio",
+        type=_positive,
+        default=1.0,
+        help="divide arrival times and session delays by this (trace replay)",
+    )
+    w.add_argument(
+        "--replay-concurrency", type=_positive_int, help="closed loop: at most N sessions in flight"
+    )
+    w.add_argument("--input-tokens", type=_positive_int, help="synthetic prompt length")
+    w.add_argument("--output-tokens", type=_positive_int, help="synthetic output length")
+    w.add_argument("--request-count", type=_positive_int, help="synthetic request count")
+    w.add_argument(
+        "--arrival-interval-ms", type=_non_negative, help="synthetic fixed arrival gap (0 = burst)"
+    )
+    w.add_argument(
+        "--request-rate", type=_positive, help="synthetic Poisson arrivals, requests per second"
+    )
+    w.add_argument("--seed", type=int, default=42, help="seed of every random choice (42)")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--num-workers", type=_positive_int, default=1, help="aggregated workers (1)")
+    c.add_argument("--router-mode", choices=["round_robin"], default="round_robin")
+    c.add_argument(
+        "--extra-engine-args", metavar="JSON", help="engine keys as inline JSON or @file"
+    )
+    o = p.add_argument_group("report")
+    o.add_argument("--sla-ttft-ms", type=_non_negative, help="goodput bound on TTFT")
+    o.add_argument(
+        "--sla-itl-ms", type=_non_negative, help="goodput bound on mean inter-token latency"
+    )
+    o.add_argument("--sla-e2e-ms", type=_non_negative, help="goodput bound on end-to-end latency")
+    o.add_argument(
+        "--max-sim-time-seconds",
+        type=_non_negative,
+        help="stop when the simulated clock would pass this; unfinished requests are incomplete",
+    )
+    o.add_argument("--report-json", type=Path, help='write {"summary": ...} here')
+    o.add_argument("--per-request-jsonl", type=Path, help="write one record per request here")
+    o.add_argument("--quiet", action="store_true", help="print no table")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> RunConfig:
+    """Turn parsed flags into a :class:`RunConfig`, rejecting conflicting workload flags."""
+    synthetic_flags = [args.input_tokens, args.output_tokens, args.request_count]
+    synthetic = None
+    trace = None
+    if args.trace_files:
+        if any(v is not None for v in synthetic_flags):
+            parser.error(
+                "give either a trace file or --input-tokens/--output-tokens/--request-count, not both"
+            )
+        if args.arrival_interval_ms is not None or args.request_rate is not None:
+            parser.error("--request-rate and --arrival-interval-ms only apply to synthetic replay")
+        if len(args.trace_files) != 1:
+            parser.error(f"exactly one trace file is supported, got {len(args.trace_files)}")
+        trace = args.trace_files[0]
+        if not trace.is_file():
+            parser.error(f"trace file not found: {trace}")
+    else:
+        if any(v is None for v in synthetic_flags):
+            parser.error(
+                "provide either a trace file or all of --input-tokens/--output-tokens/--request-count"
+            )
+        controllers = [args.replay_concurrency, args.arrival_interval_ms, args.request_rate]
+        if sum(v is not None for v in controllers) > 1:
+            parser.error(
+                "synthetic replay takes at most one of --replay-concurrency, --request-rate, "
+                "--arrival-interval-ms"
+            )
+        synthetic = SyntheticWorkload(
+            input_tokens=args.input_tokens,
+            output_tokens=args.output_tokens,
+            request_count=args.request_count,
+            arrival_interval_ms=args.arrival_interval_ms,
+            request_rate=args.request_rate,
+        )
+    engine_raw = (
+        {}
+        if args.extra_engine_args is None
+        else load_json_argument(args.extra_engine_args, flag="--extra-engine-args")
+    )
+    return RunConfig(
+        trace=trace,
+        synthetic=synthetic,
+        trace_block_size=args.trace_block_size,
+        arrival_speedup_ratio=args.arrival_speedup_ratio,
+        replay_concurrency=args.replay_concurrency,
+        num_workers=args.num_workers,
+        router_mode=args.router_mode,
+        engine=parse_engine_args(engine_raw, source="--extra-engine-args"),
+        sla=Sla(ttft_ms=args.sla_ttft_ms, itl_ms=args.sla_itl_ms, e2e_ms=args.sla_e2e_ms),
+        max_sim_time_ms=None
+        if args.max_sim_time_seconds is None
+        else args.max_sim_time_seconds * 1000.0,
+        seed=args.seed,
+    )
+
+
+def _progress_bar(total: int | None) -> Callable[[int], None] | None:
+    """A stderr progress bar that appears once a run has taken two seconds (terminals only)."""
+    if not sys.stderr.isatty():
+        return None
+    started = time.monotonic()
+    last = [0.0]
+
+    def update(done: int) -> None:
+        now = time.monotonic()
+        if now - started < 2.0 or now - last[0] < 0.2:
+            return
+        last[0] = now
+        if total:
+            filled = int(30 * done / total)
+            bar = "#" * filled + "-" * (30 - filled)
+            sys.stderr.write(f"\r[{bar}] {done}/{total} requests")
+        else:
+            sys.stderr.write(f"\r{done} requests finished")
+        sys.stderr.flush()
+
+    return update
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args, parser)
+        progress = None if args.quiet else _progress_bar(count_requests(config))
+        report = run(config, progress=progress)
+        if progress is not None:
+            sys.stderr.write("\r\033[K")
+        if args.report_json is not None:
+            write_report_json(args.report_json, report.summary)
+        if args.per_request_jsonl is not None:
+            write_requests_jsonl(args.per_request_jsonl, report.records)
+    except ServesimError as exc:
+        print(f"servesim: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except ConfigError as exc:  # pragma: no cover - ConfigError is a ServesimError
+        print(f"servesim: error: {exc}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(render_table(report.summary))
+        if report.time_limited:
+            print(
+                "Stopped at --max-sim-time-seconds: unfinished requests are reported as incomplete."
+            )
+        if args.report_json is not None:
+            print(f"Saved full report to: {args.report_json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

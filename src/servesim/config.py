@@ -1,0 +1,313 @@
+"""Typed, validated configuration.
+
+Engine arguments use the reference's flat engine keys (see
+``spec/reference_engine_config.json``): a user of the reference passes the same
+JSON object. Every key is validated here, once, so the engine can trust its
+config. An unknown key, or one that belongs to a feature servesim does not
+simulate yet, is a :class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servesim.errors import ConfigError
+
+Parser = Callable[[str, Any], Any]
+
+
+def _int(minimum: int, *, nullable: bool = False) -> Parser:
+    def parse(key: str, value: Any) -> Any:
+        if value is None and nullable:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"engine key '{key}' must be an integer >= {minimum}, got {value!r}")
+        if value < minimum:
+            raise ConfigError(f"engine key '{key}' must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _float(minimum: float, *, nullable: bool = False) -> Parser:
+    def parse(key: str, value: Any) -> Any:
+        if value is None and nullable:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"engine key '{key}' must be a number >= {minimum}, got {value!r}")
+        if not math.isfinite(value) or value < minimum:
+            raise ConfigError(
+                f"engine key '{key}' must be a finite number >= {minimum}, got {value}"
+            )
+        return float(value)
+
+    return parse
+
+
+def _bool(key: str, value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise ConfigError(f"engine key '{key}' must be true or false, got {value!r}")
+    return value
+
+
+def _choice(*choices: str) -> Parser:
+    def parse(key: str, value: Any) -> Any:
+        if not isinstance(value, str) or value.lower() not in choices:
+            allowed = ", ".join(repr(c) for c in choices)
+            raise ConfigError(f"engine key '{key}' must be one of {allowed}, got {value!r}")
+        return value.lower()
+
+    return parse
+
+
+def _only(default: Any, feature: str) -> Parser:
+    """A key of a feature servesim does not simulate yet: only its default is accepted."""
+
+    def parse(key: str, value: Any) -> Any:
+        if value != default:
+            raise ConfigError(
+                f"engine key '{key}' ({feature}) is not supported by servesim yet; "
+                f"remove it or set it to {json.dumps(default)}"
+            )
+        return value
+
+    return parse
+
+
+def _any(key: str, value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimingModelConfig:
+    """Which timing model prices a pass: ``polynomial`` (default) or ``interpolated`` (NPZ)."""
+
+    type: str = "polynomial"
+    path: str | None = None
+
+
+def _timing_model(key: str, value: Any) -> TimingModelConfig:
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f'engine key \'{key}\' must be a JSON object like {{"type": "polynomial"}}'
+        )
+    kind = value.get("type")
+    if kind == "polynomial":
+        extra = set(value) - {"type"}
+        if extra:
+            raise ConfigError(
+                f"engine key '{key}': unknown field(s) {sorted(extra)} for type 'polynomial'"
+            )
+        return TimingModelConfig()
+    if kind == "interpolated":
+        extra = set(value) - {"type", "path"}
+        if extra:
+            raise ConfigError(
+                f"engine key '{key}': unknown field(s) {sorted(extra)} for type 'interpolated'"
+            )
+        path = value.get("path")
+        if not isinstance(path, str) or not path:
+            raise ConfigError(
+                f"engine key '{key}': type 'interpolated' needs a 'path' to an NPZ profile"
+            )
+        if not Path(path).is_file():
+            raise ConfigError(f"engine key '{key}': profile file not found: {path}")
+        return TimingModelConfig(type="interpolated", path=path)
+    raise ConfigError(
+        f"engine key '{key}': type must be 'polynomial' or 'interpolated', got {kind!r}"
+    )
+
+
+_SGLANG_DEFAULTS = {
+    "schedule_policy": "fifo",
+    "page_size": None,
+    "max_prefill_tokens": 16384,
+    "chunked_prefill_size": 8192,
+    "clip_max_new_tokens": 4096,
+    "schedule_conservativeness": 1.0,
+}
+
+
+def _sub_object(defaults: Mapping[str, Any]) -> Parser:
+    def parse(key: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ConfigError(f"engine key '{key}' must be a JSON object")
+        unknown = sorted(set(value) - set(defaults))
+        if unknown:
+            raise ConfigError(
+                f"engine key '{key}': unknown field(s) {unknown}; known: {sorted(defaults)}"
+            )
+        return value
+
+    return parse
+
+
+# key -> (attribute name or None when the key only validates, parser, default)
+_ENGINE_KEYS: dict[str, tuple[str | None, Parser, Any]] = {
+    "backend": ("backend", _choice("vllm", "sglang", "trtllm"), "vllm"),
+    "engine_type": ("backend", _choice("vllm", "sglang", "trtllm"), "vllm"),
+    "num_gpu_blocks": ("num_gpu_blocks", _int(1), 16384),
+    "block_size": ("block_size", _int(0), 0),
+    "max_model_len": ("max_model_len", _int(1, nullable=True), None),
+    "max_num_seqs": ("max_num_seqs", _int(1, nullable=True), 256),
+    "max_num_batched_tokens": ("max_num_batched_tokens", _int(1, nullable=True), 8192),
+    "enable_prefix_caching": ("enable_prefix_caching", _bool, True),
+    "enable_chunked_prefill": ("enable_chunked_prefill", _bool, True),
+    "speedup_ratio": ("speedup_ratio", _float(0.0), 1.0),
+    "decode_speedup_ratio": ("decode_speedup_ratio", _float(0.0), 1.0),
+    "preemption_mode": ("preemption_mode", _choice("lifo", "fifo"), "lifo"),
+    "worker_type": ("worker_type", _choice("aggregated", "prefill", "decode"), "aggregated"),
+    "timing_model": ("timing_model", _timing_model, TimingModelConfig()),
+    "dp_size": ("dp_size", _int(1), 1),
+    "tensor_parallel_size": ("tensor_parallel_size", _int(1), 1),
+    # Startup delay only matters to a planner that adds workers; a static replay has none.
+    "startup_time": (None, _float(0.0, nullable=True), None),
+    # Accepted and without effect on the simulation, as in the reference.
+    "emit_kv_events": (None, _bool, False),
+    "emit_kv_token_ids": (None, _bool, False),
+    "num_gpu_blocks_is_explicit": (None, _bool, False),
+    "has_perf_model": (None, _any, None),
+    "aic_mtp_seed": (None, _int(0), 42),
+    "sglang": (None, _sub_object(_SGLANG_DEFAULTS), None),
+    "trtllm": (None, _sub_object({"capacity_scheduler_policy": "guaranteed_no_evict"}), None),
+    # Live-serving settings the offline replay has no use for.
+    "enable_local_indexer": (None, _bool, False),
+    "bootstrap_port": (None, _int(0, nullable=True), None),
+    "handoff_session_timeout_ms": (None, _int(1), 300000),
+    "zmq_kv_events_port": (None, _int(0, nullable=True), None),
+    "zmq_replay_port": (None, _int(0, nullable=True), None),
+    # Features of later work: only their defaults are accepted for now.
+    "prefill_schedule_interval": (None, _only(1, "prefill scheduling interval"), 1),
+    "prefill_decode_interval": (None, _only(0, "prefill/decode interleaving"), 0),
+    "aic_nextn": (None, _only(None, "speculative decoding"), None),
+    "aic_nextn_accept_rates": (None, _only(None, "speculative decoding"), None),
+    "kv_transfer_bytes_per_token": (None, _only(None, "disaggregated KV transfer"), None),
+    "kv_transfer_bandwidth": (None, _only(None, "disaggregated KV transfer"), None),
+    "kv_transfer_timing_mode": (
+        None,
+        _only("full_prompt", "disaggregated KV transfer"),
+        "full_prompt",
+    ),
+    "kv_transfer_link_model": (None, _only(None, "disaggregated KV transfer"), None),
+    "gpu_memory_utilization": (None, _only(None, "AIC memory sizing"), None),
+    "mem_fraction_static": (None, _only(None, "AIC memory sizing"), None),
+    "free_gpu_memory_fraction": (None, _only(None, "AIC memory sizing"), None),
+    "cuda_graph_reserved_bytes": (None, _only(None, "AIC memory sizing"), None),
+    "reasoning": (None, _only(None, "reasoning output shaping"), None),
+    "response_replay_trace_path": (None, _only(None, "response replay"), None),
+    "router_queue_policy": (None, _only(None, "router queueing"), None),
+}
+
+_DEFAULT_BLOCK_SIZE = {"vllm": 64, "trtllm": 32, "sglang": 1}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    """One worker's engine, validated; every field has the reference's default.
+
+    ``max_num_seqs`` and ``max_num_batched_tokens`` of ``None`` mean unbounded.
+    """
+
+    backend: str = "vllm"
+    num_gpu_blocks: int = 16384
+    block_size: int = 64
+    max_model_len: int | None = None
+    max_num_seqs: int | None = 256
+    max_num_batched_tokens: int | None = 8192
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    speedup_ratio: float = 1.0
+    decode_speedup_ratio: float = 1.0
+    preemption_mode: str = "lifo"
+    worker_type: str = "aggregated"
+    timing_model: TimingModelConfig = field(default_factory=TimingModelConfig)
+    dp_size: int = 1
+    tensor_parallel_size: int = 1
+
+    @property
+    def gpus_per_worker(self) -> int:
+        """GPUs one worker occupies: tensor parallel size times DP ranks."""
+        return self.tensor_parallel_size * self.dp_size
+
+    @property
+    def total_kv_tokens(self) -> int:
+        """KV capacity of one DP rank, in tokens."""
+        return self.num_gpu_blocks * self.block_size
+
+
+def parse_engine_args(raw: Mapping[str, Any], *, source: str = "engine args") -> EngineConfig:
+    """Validate a flat engine-args object and return its :class:`EngineConfig`.
+
+    Args:
+        raw: the reference's flat engine keys, e.g. ``{"block_size": 64}``.
+        source: where the object came from, used in error messages.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type or range, or a
+            feature servesim does not simulate yet.
+    """
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source} must be a JSON object, got {type(raw).__name__}")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        spec = _ENGINE_KEYS.get(key)
+        if spec is None:
+            raise ConfigError(
+                f"{source}: unknown engine key '{key}'; known keys: {', '.join(sorted(_ENGINE_KEYS))}"
+            )
+        attribute, parse, _default = spec
+        try:
+            parsed = parse(key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        if attribute is not None:
+            values[attribute] = parsed
+    if "backend" in raw and "engine_type" in raw and values["backend"] != raw["backend"].lower():
+        raise ConfigError(f"{source}: 'backend' and 'engine_type' disagree")
+    backend = values.get("backend", "vllm")
+    if backend != "vllm":
+        raise ConfigError(
+            f"{source}: backend '{backend}' is not supported by servesim yet (only 'vllm')"
+        )
+    if values.get("worker_type", "aggregated") != "aggregated":
+        raise ConfigError(
+            f"{source}: worker_type '{values['worker_type']}' needs disaggregated replay, "
+            "which servesim does not support yet"
+        )
+    if not values.get("block_size"):
+        values["block_size"] = _DEFAULT_BLOCK_SIZE[backend]
+    if values["block_size"] < 2:
+        raise ConfigError(
+            f"{source}: block_size must be >= 2 for the vllm backend, got {values['block_size']}"
+        )
+    return EngineConfig(**values)
+
+
+def load_json_argument(text: str, *, flag: str) -> Any:
+    """Parse a JSON flag value given inline or as ``@path``.
+
+    Raises:
+        ConfigError: the file is missing or the text is not valid JSON.
+    """
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+        where = f"{flag} file {path}"
+    else:
+        where = flag
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None

@@ -1,0 +1,222 @@
+"""vLLM-style paged KV block pool of one DP rank, with prefix caching.
+
+Each physical block is *free*, *private* (allocated, content not yet hashed),
+or *cached* (carries a sequence hash and a reference count). A cached block
+with no references is *inactive*: it still holds reusable KV and sits in an LRU
+ordered by when it became inactive; allocation evicts from the LRU head
+(oldest first) once the free list is empty. Several cached copies may carry the
+same hash (two requests that computed the same block at once); each uses
+capacity, and the hash stays visible until its last copy is evicted.
+
+Invariants (checked by :meth:`check`):
+  free + used == capacity; inactive blocks are cached with refs == 0;
+  every cached block is listed under its hash; refs >= 0.
+
+KV events, when a sink is attached, mirror the reference: ``Stored`` for runs
+of consecutive blocks whose hash became visible (0 -> 1 copies), with the
+preceding block's hash as parent; ``Removed`` when the last copy of a hash is
+evicted. Nothing is emitted on release or on a prefix hit.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+BlockId = int
+BlockHash = int
+
+
+@dataclass(frozen=True, slots=True)
+class KvStored:
+    """Blocks whose hashes became visible, chained after ``parent``."""
+
+    parent: BlockHash | None
+    hashes: tuple[BlockHash, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KvRemoved:
+    """Hashes no longer held by any block."""
+
+    hashes: tuple[BlockHash, ...]
+
+
+KvEvent = KvStored | KvRemoved
+
+
+class BlockPool:
+    """Blocks of one rank: free list, cached copies by hash, LRU of inactive blocks."""
+
+    __slots__ = ("_by_hash", "_free", "_hash", "_lru", "_refs", "capacity", "events")
+
+    def __init__(self, capacity: int, *, events: list[KvEvent] | None = None) -> None:
+        self.capacity = capacity
+        self.events = events
+        self._free: deque[BlockId] = deque(range(capacity))
+        self._hash: list[BlockHash | None] = [None] * capacity
+        self._refs: list[int] = [0] * capacity
+        self._by_hash: dict[BlockHash, list[BlockId]] = {}
+        # Insertion-ordered dict as an O(1)-removal LRU: oldest inactive block first.
+        self._lru: dict[BlockId, None] = {}
+
+    # ----- counts -----
+
+    @property
+    def num_free(self) -> int:
+        """Blocks holding nothing."""
+        return len(self._free)
+
+    @property
+    def num_inactive(self) -> int:
+        """Cached blocks nobody references (evictable)."""
+        return len(self._lru)
+
+    @property
+    def num_active(self) -> int:
+        """Blocks referenced by at least one request."""
+        return self.capacity - len(self._free) - len(self._lru)
+
+    # ----- lookups -----
+
+    def contains(self, block_hash: BlockHash) -> bool:
+        """Whether some block holds KV with this sequence hash."""
+        return block_hash in self._by_hash
+
+    def match_prefix(self, hashes: list[BlockHash], limit: int) -> tuple[int, int]:
+        """Longest resident prefix of ``hashes[:limit]``.
+
+        Returns:
+            (hit blocks, how many of them are active, i.e. already referenced).
+        """
+        by_hash, refs = self._by_hash, self._refs
+        hits = active = 0
+        for block_hash in hashes[:limit]:
+            copies = by_hash.get(block_hash)
+            if copies is None:
+                break
+            hits += 1
+            if any(refs[b] for b in copies):
+                active += 1
+        return hits, active
+
+    def lru_order(self) -> list[BlockId]:
+        """Inactive blocks, next to be evicted first (for tests and diagnostics)."""
+        return list(self._lru)
+
+    def hash_of(self, block: BlockId) -> BlockHash | None:
+        """The sequence hash a block carries, or None while it is private."""
+        return self._hash[block]
+
+    # ----- mutations -----
+
+    def allocate(self, table: list[BlockId], prefix: list[BlockHash], num_new: int) -> bool:
+        """Extend a request's block table by cached ``prefix`` copies then ``num_new`` fresh blocks.
+
+        Atomic: when the free list plus evictable blocks (excluding those this
+        prefix reuses) cannot supply ``num_new`` blocks, nothing changes and
+        the call returns False, so the caller can preempt and retry.
+        """
+        picks = [self._pick_copy(h) for h in prefix]
+        shortfall = num_new - len(self._free)
+        if shortfall > 0:
+            pinned_inactive = sum(1 for b in picks if b in self._lru)
+            if shortfall > len(self._lru) - pinned_inactive:
+                return False
+        lru, refs = self._lru, self._refs
+        for block in picks:
+            if refs[block] == 0:
+                del lru[block]
+            refs[block] += 1
+            table.append(block)
+        for _ in range(shortfall):
+            self._evict_oldest()
+        free = self._free
+        for _ in range(num_new):
+            block = free.popleft()
+            refs[block] = 1
+            table.append(block)
+        return True
+
+    def cache(self, table: list[BlockId], hashes: list[BlockHash], start: int, end: int) -> None:
+        """Make blocks ``table[start:end]`` cache-visible under ``hashes[start:end]``.
+
+        Called when their tokens have been computed. A block that already
+        carries a hash (a reused prefix copy) is left alone.
+        """
+        block_hash = self._hash
+        by_hash = self._by_hash
+        events = self.events
+        run: list[BlockHash] = []
+        run_parent: BlockHash | None = None
+        for i in range(start, end):
+            block = table[i]
+            if block_hash[block] is not None:
+                continue
+            h = hashes[i]
+            block_hash[block] = h
+            copies = by_hash.get(h)
+            if copies is None:
+                by_hash[h] = [block]
+                if events is not None:
+                    if not run:
+                        run_parent = hashes[i - 1] if i > 0 else None
+                    run.append(h)
+                    continue
+            else:
+                copies.append(block)
+            if run:
+                events.append(KvStored(run_parent, tuple(run)))  # type: ignore[union-attr]
+                run = []
+        if run:
+            events.append(KvStored(run_parent, tuple(run)))  # type: ignore[union-attr]
+
+    def release(self, table: list[BlockId]) -> None:
+        """Drop a request's references, last block first (so chain tails evict first)."""
+        refs, block_hash, lru, free = self._refs, self._hash, self._lru, self._free
+        for block in reversed(table):
+            refs[block] -= 1
+            if refs[block]:
+                continue
+            if block_hash[block] is None:
+                free.append(block)
+            else:
+                lru[block] = None
+        table.clear()
+
+    def check(self) -> None:
+        """Assert the pool's invariants (tests call this after every step)."""
+        assert len(self._free) + self.num_active + len(self._lru) == self.capacity
+        for block in self._lru:
+            assert self._refs[block] == 0 and self._hash[block] is not None
+        for h, copies in self._by_hash.items():
+            assert copies, "empty copy list"
+            for block in copies:
+                assert self._hash[block] == h
+        assert all(r >= 0 for r in self._refs)
+        assert not set(self._free) & set(self._lru)
+
+    # ----- internals -----
+
+    def _pick_copy(self, block_hash: BlockHash) -> BlockId:
+        # Prefer a copy that is already referenced: reusing it costs no capacity.
+        copies = self._by_hash[block_hash]
+        refs = self._refs
+        for block in copies:
+            if refs[block]:
+                return block
+        return copies[0]
+
+    def _evict_oldest(self) -> None:
+        block = next(iter(self._lru))
+        del self._lru[block]
+        h = self._hash[block]
+        assert h is not None
+        copies = self._by_hash[h]
+        copies.remove(block)
+        if not copies:
+            del self._by_hash[h]
+            if self.events is not None:
+                self.events.append(KvRemoved((h,)))
+        self._hash[block] = None
+        self._free.append(block)

@@ -1,0 +1,81 @@
+"""A request as one engine rank sees it: its tokens, KV blocks and progress."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Protocol
+
+
+class Prompt(Protocol):
+    """The prompt's tokens, seen through the hashes of its full blocks."""
+
+    @property
+    def length(self) -> int:
+        """Number of prompt tokens."""
+        ...
+
+    def block_hashes(self, block_size: int) -> list[int]:
+        """Local hashes of the prompt's full blocks of ``block_size`` tokens."""
+        ...
+
+
+class Status(IntEnum):
+    """Where a request is in one rank's scheduler."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+
+
+class EngineRequest:
+    """One request inside a rank's scheduler.
+
+    The sequence is the prompt followed by ``generated`` output tokens. The
+    newest output token is *dangling*: it is computed (and gets its KV slot) by
+    the next pass, so a decoding request has ``num_computed == length - 1``
+    between passes. ``hashes`` holds the sequence hashes of its full blocks,
+    extended as blocks fill.
+    """
+
+    __slots__ = (
+        "blocks",
+        "generated",
+        "hashes",
+        "max_output",
+        "num_computed",
+        "num_preemptions",
+        "pending_cached",
+        "prompt",
+        "prompt_len",
+        "salt",
+        "status",
+        "uid",
+    )
+
+    def __init__(
+        self, uid: int, prompt: Prompt, max_output: int, *, salt: int | None = None
+    ) -> None:
+        self.uid = uid
+        self.prompt = prompt
+        self.prompt_len = prompt.length
+        self.max_output = max_output
+        self.salt = uid if salt is None else salt
+        self.generated = 0
+        self.num_computed = 0
+        self.num_preemptions = 0
+        self.pending_cached = 0
+        self.status = Status.WAITING
+        self.blocks: list[int] = []
+        self.hashes: list[int] = []
+
+    @property
+    def length(self) -> int:
+        """Tokens in the sequence: prompt plus generated."""
+        return self.prompt_len + self.generated
+
+    def __repr__(self) -> str:
+        return (
+            f"EngineRequest(uid={self.uid}, status={self.status.name}, len={self.length}, "
+            f"computed={self.num_computed}, generated={self.generated}/{self.max_output})"
+        )

@@ -1,0 +1,135 @@
+"""Timing models: how long a pass's prefill and decode parts take, in ms.
+
+A pass lasts ``prefill + decode`` (sequential, not overlapped). Prefill is
+priced on the batch reduction the reference uses: ``batch`` prompts with mean
+computed-through length ``isl`` and mean already-present prefix ``prefix``
+(both floored means), so ``batch * (isl - prefix)`` new tokens. Decode is
+priced on the decoding requests' logical context. Speed-up ratios divide the
+results (``speedup`` for both, times ``decode_speedup`` for decode).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from servesim.config import EngineConfig
+from servesim.errors import ConfigError
+
+
+class TimingModel(Protocol):
+    """Prices the two parts of a pass."""
+
+    def prefill_ms(self, batch: int, isl: int, prefix: int) -> float:
+        """Prefill time of ``batch`` prompts computed through ``isl`` after ``prefix`` cached tokens."""
+        ...
+
+    def decode_ms(self, batch: int, active_kv_tokens: int, context: int) -> float:
+        """Decode time of one step over ``batch`` requests holding ``active_kv_tokens`` in total."""
+        ...
+
+
+class PolynomialTiming:
+    """The reference's default fitted polynomials.
+
+    prefill = 4.209989e-07 t^2 + 1.518344e-02 t + 16.50142, t = batch * (isl - prefix)
+    decode  = max(-25.74 p^2 + 54.01 p + 5.74, 1.0), p = active KV tokens / capacity
+    """
+
+    __slots__ = ("_decode_div", "_inv_total", "_prefill_div")
+
+    def __init__(self, total_kv_tokens: int, speedup: float, decode_speedup: float) -> None:
+        self._inv_total = 1.0 / total_kv_tokens if total_kv_tokens else 0.0
+        self._prefill_div = speedup if speedup > 0 else 1.0
+        self._decode_div = self._prefill_div * (decode_speedup if decode_speedup > 0 else 1.0)
+
+    def prefill_ms(self, batch: int, isl: int, prefix: int) -> float:
+        """See :class:`TimingModel`."""
+        t = batch * max(isl - prefix, 0)
+        if batch == 0 or t == 0:
+            return 0.0
+        ms = 4.209989e-07 * t * t + 1.518344e-02 * t + 16.50142
+        return max(ms, 0.0) / self._prefill_div
+
+    def decode_ms(self, batch: int, active_kv_tokens: int, context: int) -> float:
+        """See :class:`TimingModel`."""
+        if batch == 0:
+            return 0.0
+        p = active_kv_tokens * self._inv_total if self._inv_total else 1.0
+        return max(-25.74 * p * p + 54.01 * p + 5.74, 1.0) / self._decode_div
+
+
+class InterpolatedTiming:
+    """Measured profile (NPZ): linear prefill and bilinear decode, both extrapolating.
+
+    Arrays: ``prefill_isl``, ``prefill_ttft_ms`` (1-D, same length);
+    ``decode_active_kv_tokens`` (rows), ``decode_context_length`` (cols),
+    ``decode_itl`` (rows x cols). Prefill is floored at 0 ms, decode at 1 ms.
+    """
+
+    __slots__ = ("_ctx", "_decode_div", "_itl", "_kv", "_pre_t", "_pre_x", "_prefill_div")
+
+    def __init__(self, path: str, speedup: float, decode_speedup: float) -> None:
+        try:
+            with np.load(path) as data:
+                self._pre_x = np.asarray(data["prefill_isl"], dtype=np.float64)
+                self._pre_t = np.asarray(data["prefill_ttft_ms"], dtype=np.float64)
+                self._kv = np.asarray(data["decode_active_kv_tokens"], dtype=np.float64)
+                self._ctx = np.asarray(data["decode_context_length"], dtype=np.float64)
+                self._itl = np.asarray(data["decode_itl"], dtype=np.float64)
+        except (OSError, KeyError, ValueError) as exc:
+            raise ConfigError(f"timing profile {path}: cannot load ({exc})") from None
+        if self._pre_x.shape != self._pre_t.shape or self._pre_x.size < 2:
+            raise ConfigError(
+                f"timing profile {path}: prefill_isl and prefill_ttft_ms differ in length"
+            )
+        if (
+            self._itl.shape != (self._kv.size, self._ctx.size)
+            or min(self._kv.size, self._ctx.size) < 2
+        ):
+            raise ConfigError(f"timing profile {path}: decode_itl shape does not match its axes")
+        self._prefill_div = speedup if speedup > 0 else 1.0
+        self._decode_div = self._prefill_div * (decode_speedup if decode_speedup > 0 else 1.0)
+
+    def prefill_ms(self, batch: int, isl: int, prefix: int) -> float:
+        """See :class:`TimingModel`."""
+        x = batch * max(isl - prefix, 0)
+        if batch == 0 or x == 0:
+            return 0.0
+        return max(_interp1(self._pre_x, self._pre_t, float(x)), 0.0) / self._prefill_div
+
+    def decode_ms(self, batch: int, active_kv_tokens: int, context: int) -> float:
+        """See :class:`TimingModel`."""
+        if batch == 0:
+            return 0.0
+        i, fi = _segment(self._kv, float(active_kv_tokens))
+        j, fj = _segment(self._ctx, float(context))
+        g = self._itl
+        top = g[i, j] + (g[i, j + 1] - g[i, j]) * fj
+        bottom = g[i + 1, j] + (g[i + 1, j + 1] - g[i + 1, j]) * fj
+        return max(float(top + (bottom - top) * fi), 1.0) / self._decode_div
+
+
+def _segment(axis: np.ndarray, x: float) -> tuple[int, float]:
+    """Index of the axis segment used for x (edge segments extrapolate) and the fraction along it."""
+    i = int(np.searchsorted(axis, x, side="right")) - 1
+    i = min(max(i, 0), axis.size - 2)
+    lo, hi = float(axis[i]), float(axis[i + 1])
+    return i, (x - lo) / (hi - lo) if hi != lo else 0.0
+
+
+def _interp1(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
+    i, f = _segment(xs, x)
+    return float(ys[i] + (ys[i + 1] - ys[i]) * f)
+
+
+def make_timing(config: EngineConfig) -> TimingModel:
+    """The timing model an engine config asks for."""
+    tm = config.timing_model
+    if tm.type == "interpolated":
+        assert tm.path is not None
+        return InterpolatedTiming(tm.path, config.speedup_ratio, config.decode_speedup_ratio)
+    return PolynomialTiming(
+        config.total_kv_tokens, config.speedup_ratio, config.decode_speedup_ratio
+    )

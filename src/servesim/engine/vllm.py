@@ -1,0 +1,327 @@
+"""vLLM-style scheduler of one DP rank (the reference's vLLM core).
+
+One pass (:meth:`VllmScheduler.execute_pass`) is decided at its start:
+
+1. Running loop: walk ``running`` in admission order while token budget
+   remains; each request gets ``min(remaining known tokens, budget)`` (decode
+   = 1 token, a prefill chunk otherwise). When blocks run out, preempt (LIFO:
+   the newest running request; FIFO: the oldest) and retry; a blocked request
+   stops the loop.
+2. Waiting loop (only if nothing was preempted and fewer than
+   ``max_num_seqs`` run): FIFO with head-of-line blocking. A request is
+   admitted when the blocks its whole known sequence needs, less its active
+   cached prefix, fit the non-active capacity; its resident cached prefix is
+   reused, except the last block of a fully cached prompt (recompute rule).
+3. Time: prefill of the batch's prompt chunks plus one decode step over the
+   requests that were already decoding; every token of the pass is stamped at
+   ``now + prefill + decode``.
+4. Emission: every request whose sequence is fully computed emits one token;
+   those reaching their output length finish and release their blocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from servesim.config import EngineConfig
+from servesim.engine.kv.block_pool import BlockPool, KvEvent
+from servesim.engine.kv.hashing import chain, chain_all, generated_block_hash
+from servesim.engine.request import EngineRequest, Status
+from servesim.engine.timing import TimingModel
+
+_UNBOUNDED = 1 << 62
+
+
+def pass_duration(ms: float) -> float:
+    """A pass's duration as the reference's clock advances it: rounded to whole nanoseconds.
+
+    The reference converts each modelled duration to a nanosecond ``Duration``
+    (rounding half up) and back to float ms; matching that keeps pass ends,
+    and so same-instant ties with arrivals, identical to the last bit.
+    """
+    ns = int(ms * 1e6 + 0.5)
+    seconds, sub_ns = divmod(ns, 1_000_000_000)
+    return (seconds + sub_ns / 1e9) * 1000.0
+
+
+class _Outcome(Enum):
+    SCHEDULED = 0
+    BLOCKED = 1
+    CURRENT_PREEMPTED = 2
+
+
+@dataclass(slots=True, kw_only=True)
+class PassResult:
+    """What one rank's pass did; its outputs become visible at ``end_ms``.
+
+    Attributes:
+        end_ms: when the pass ends (``== start`` for a pass that did nothing).
+        admitted: (request, reused prefix tokens) admitted from waiting at the pass start.
+        emitted: requests that produced one output token, stamped at ``end_ms``.
+        finished: requests that reached their output length (their blocks are released).
+        rejected: requests dropped because they can never fit.
+        preempted: requests preempted (sent back to waiting) in this pass.
+        progressed: whether the pass scheduled, emitted, finished or rejected anything.
+    """
+
+    end_ms: float
+    admitted: list[tuple[EngineRequest, int]] = field(default_factory=list)
+    emitted: list[EngineRequest] = field(default_factory=list)
+    finished: list[EngineRequest] = field(default_factory=list)
+    rejected: list[EngineRequest] = field(default_factory=list)
+    preempted: list[EngineRequest] = field(default_factory=list)
+    progressed: bool = False
+
+
+class VllmScheduler:
+    """Waiting and running queues, token budget and KV blocks of one rank."""
+
+    def __init__(
+        self, config: EngineConfig, timing: TimingModel, *, events: list[KvEvent] | None = None
+    ) -> None:
+        self.config = config
+        self.timing = timing
+        self.block_size = config.block_size
+        self.pool = BlockPool(
+            config.num_gpu_blocks, events=events if config.enable_prefix_caching else None
+        )
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+        self.preemptions_total = 0
+        self._max_seqs = config.max_num_seqs or _UNBOUNDED
+        self._max_tokens = config.max_num_batched_tokens or _UNBOUNDED
+        self._lifo = config.preemption_mode == "lifo"
+        self._caching = config.enable_prefix_caching
+        # Per-pass scratch state, reset by execute_pass.
+        self._budget = 0
+        self._batch = [0, 0, 0]  # prompts scheduled, sum of isl, sum of prefix
+        self._scheduled: dict[EngineRequest, tuple[int, int, int]] = {}
+        self._result = PassResult(end_ms=0.0)
+
+    # ----- public API -----
+
+    def submit(self, request: EngineRequest) -> None:
+        """Queue a new request at the back of waiting."""
+        request.status = Status.WAITING
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        """Whether a pass could do anything."""
+        return bool(self.running or self.waiting)
+
+    def execute_pass(self, now: float) -> PassResult:
+        """Decide and apply one pass starting at ``now``; see the module docstring."""
+        result = self._result = PassResult(end_ms=now)
+        self._budget = self._max_tokens
+        self._batch = [0, 0, 0]
+        self._scheduled = {}
+        self._schedule_running()
+        if not result.preempted and len(self.running) < self._max_seqs:
+            self._schedule_waiting()
+        result.end_ms = self._emit(now)
+        result.progressed = bool(self._scheduled or result.finished or result.rejected)
+        return result
+
+    # ----- scheduling -----
+
+    def _schedule_running(self) -> None:
+        running = self.running
+        i = 0
+        while i < len(running) and self._budget > 0:
+            request = running[i]
+            outcome = self._schedule(request, from_waiting=False)
+            if outcome is _Outcome.BLOCKED:
+                return
+            if outcome is _Outcome.SCHEDULED:
+                i += 1
+            # A preempted victim ahead of i (FIFO) shifts the list left; stay put otherwise.
+            i = min(i, len(running))
+
+    def _schedule_waiting(self) -> None:
+        waiting, running, result = self.waiting, self.running, self._result
+        while waiting and len(running) < self._max_seqs:
+            request = waiting[0]
+            cached = self._admission(request)
+            if cached is None:
+                return
+            if cached < 0:
+                waiting.popleft()
+                request.status = Status.FINISHED
+                result.rejected.append(request)
+                continue
+            request.pending_cached = cached
+            if self._schedule(request, from_waiting=True) is not _Outcome.SCHEDULED:
+                return
+            if self._budget == 0:
+                return
+
+    def _admission(self, request: EngineRequest) -> int | None:
+        """Cached prefix tokens to reuse if the request can be admitted now.
+
+        Returns None to wait (head-of-line blocking) and -1 to reject a request
+        that can never fit.
+        """
+        bs = self.block_size
+        length = request.length
+        max_len = self.config.max_model_len
+        num_blocks = -(-length // bs)
+        fresh = request.status is Status.WAITING
+        if (max_len is not None and request.prompt_len >= max_len) or (
+            fresh and num_blocks > self.config.num_gpu_blocks
+        ):
+            return -1
+        hits = active_hits = 0
+        if self._caching:
+            # Recompute rule: the last token is always computed (its logits are needed).
+            limit = (length - 1) // bs
+            self._ensure_hashes(request, limit)
+            hits, active_hits = self.pool.match_prefix(request.hashes, limit)
+        available = self.config.num_gpu_blocks - self.pool.num_active
+        if num_blocks - active_hits > available:
+            return None
+        return hits * bs
+
+    def _schedule(self, request: EngineRequest, *, from_waiting: bool) -> _Outcome:
+        """Give a request its share of the budget and the blocks it needs."""
+        bs = self.block_size
+        cached = request.pending_cached if request.num_computed == 0 else 0
+        computed_before = request.num_computed + cached
+        prompt_before = min(computed_before, request.prompt_len)
+        remaining = request.length - computed_before
+        budget = self._budget
+        if not self.config.enable_chunked_prefill and request.prompt_len - prompt_before > budget:
+            return _Outcome.BLOCKED
+        desired = min(remaining, budget)
+        if desired == 0 and remaining > 0:
+            return _Outcome.BLOCKED
+        target = computed_before + desired
+        outcome = self._allocate(request, cached // bs, -(-target // bs))
+        if outcome is not _Outcome.SCHEDULED:
+            return outcome
+        request.num_computed = target
+        full_before, full_after = computed_before // bs, target // bs
+        if self._caching and full_after > full_before:
+            self._ensure_hashes(request, full_after)
+            self.pool.cache(request.blocks, request.hashes, full_before, full_after)
+        prompt_tokens = min(target, request.prompt_len) - prompt_before
+        batch = self._batch
+        if prompt_tokens > 0:
+            batch[0] += 1
+            batch[1] += prompt_before + prompt_tokens
+            batch[2] += prompt_before
+        else:
+            prompt_before = -1
+        self._scheduled[request] = (desired, prompt_before, prompt_tokens)
+        self._budget = budget - desired
+        if from_waiting:
+            self.waiting.popleft()
+            request.status = Status.RUNNING
+            self.running.append(request)
+            self._result.admitted.append((request, cached))
+        return _Outcome.SCHEDULED
+
+    def _allocate(self, request: EngineRequest, prefix_blocks: int, total_blocks: int) -> _Outcome:
+        """Grow the request's block table to ``total_blocks``, preempting others if needed."""
+        pool = self.pool
+        while True:
+            if request.blocks:
+                prefix: list[int] = []
+                num_new = total_blocks - len(request.blocks)
+            else:
+                prefix = request.hashes[:prefix_blocks]
+                num_new = total_blocks - prefix_blocks
+            if num_new <= 0 and not prefix:
+                return _Outcome.SCHEDULED
+            if pool.allocate(request.blocks, prefix, num_new):
+                return _Outcome.SCHEDULED
+            victim = self._pick_victim()
+            if victim is None:
+                return _Outcome.BLOCKED
+            self._preempt(victim)
+            if victim is request:
+                return _Outcome.CURRENT_PREEMPTED
+
+    def _pick_victim(self) -> EngineRequest | None:
+        running = self.running
+        if not running:
+            return None
+        return running[-1] if self._lifo else running[0]
+
+    def _preempt(self, victim: EngineRequest) -> None:
+        """Send a running request back to the front of waiting; it recomputes through the cache."""
+        self.pool.release(victim.blocks)
+        victim.num_computed = 0
+        victim.pending_cached = 0
+        victim.num_preemptions += 1
+        victim.status = Status.PREEMPTED
+        self.preemptions_total += 1
+        self.running.remove(victim)
+        self.waiting.appendleft(victim)
+        self._result.preempted.append(victim)
+        undo = self._scheduled.pop(victim, None)
+        if undo is not None:
+            desired, prompt_before, prompt_tokens = undo
+            self._budget += desired
+            if prompt_before >= 0:
+                batch = self._batch
+                batch[0] -= 1
+                batch[1] -= prompt_before + prompt_tokens
+                batch[2] -= prompt_before
+
+    # ----- timing and emission -----
+
+    def _emit(self, now: float) -> float:
+        """Price the pass, emit tokens and finish requests; return the pass end."""
+        n_prompts, sum_isl, sum_prefix = self._batch
+        prefill = 0.0
+        if n_prompts and self.config.worker_type != "decode":
+            prefill = self.timing.prefill_ms(
+                n_prompts, sum_isl // n_prompts, sum_prefix // n_prompts
+            )
+        ready: list[EngineRequest] = []
+        decoding = context = 0
+        scheduled = self._scheduled
+        for request in self.running:
+            length = request.prompt_len + request.generated
+            if request.num_computed != length:
+                continue
+            ready.append(request)
+            if scheduled[request][1] < 0:  # no prompt tokens this pass: it was already decoding
+                decoding += 1
+                context += length
+        decode = self.timing.decode_ms(decoding, context, context // decoding) if decoding else 0.0
+        end = now + pass_duration(prefill + decode)
+        result = self._result
+        for request in ready:
+            if request.generated < request.max_output:
+                request.generated += 1
+                result.emitted.append(request)
+            if request.generated >= request.max_output or (
+                self.config.max_model_len is not None
+                and request.length >= self.config.max_model_len
+            ):
+                self._finish(request)
+        return end
+
+    def _finish(self, request: EngineRequest) -> None:
+        self.pool.release(request.blocks)
+        request.status = Status.FINISHED
+        self.running.remove(request)
+        self._result.finished.append(request)
+
+    def _ensure_hashes(self, request: EngineRequest, num_blocks: int) -> None:
+        """Extend ``request.hashes`` to the sequence hashes of its first ``num_blocks`` full blocks."""
+        hashes = request.hashes
+        have = len(hashes)
+        if have >= num_blocks:
+            return
+        bs = self.block_size
+        prompt_full = request.prompt_len // bs
+        if have < prompt_full:
+            locals_ = request.prompt.block_hashes(bs)[have : min(num_blocks, prompt_full)]
+            hashes.extend(chain_all(locals_, hashes[-1] if hashes else None))
+        for j in range(len(hashes), num_blocks):
+            parent = hashes[-1] if hashes else None
+            hashes.append(chain(parent, generated_block_hash(request.salt, j)))

@@ -1,0 +1,124 @@
+"""Per-request facts recorded during a run; every metric is derived from them afterwards."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from servesim.metrics.stats import GapSketch
+
+
+class Terminal(Enum):
+    """How a request ended; ``None`` on a record means it never did (incomplete)."""
+
+    COMPLETED = "completed"
+    REJECTED = "rejected"
+
+
+class RequestRecord:
+    """What happened to one request, in virtual ms."""
+
+    __slots__ = (
+        "arrival_ms",
+        "dp_rank",
+        "first_admit_ms",
+        "first_reused",
+        "first_token_ms",
+        "input_length",
+        "last_token_ms",
+        "num_tokens",
+        "requested_output",
+        "reused",
+        "second_token_ms",
+        "session_id",
+        "terminal",
+        "terminal_ms",
+        "turn_index",
+        "uid",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        uid: int,
+        arrival_ms: float,
+        input_length: int,
+        requested_output: int,
+        session_id: str | None,
+        turn_index: int | None,
+    ) -> None:
+        self.uid = uid
+        self.arrival_ms = arrival_ms
+        self.input_length = input_length
+        self.requested_output = requested_output
+        self.session_id = session_id
+        self.turn_index = turn_index
+        self.worker: int | None = None
+        self.dp_rank: int | None = None
+        self.first_admit_ms: float | None = None
+        self.first_reused = 0
+        self.reused = 0
+        self.first_token_ms: float | None = None
+        self.second_token_ms: float | None = None
+        self.last_token_ms: float | None = None
+        self.num_tokens = 0
+        self.terminal: Terminal | None = None
+        self.terminal_ms: float | None = None
+
+
+class Collector:
+    """Appends facts as the loop reports them; token gaps go straight into sketches."""
+
+    def __init__(self) -> None:
+        self.records: list[RequestRecord] = []
+        self.itl = GapSketch()
+        self.per_user = GapSketch()
+
+    def on_arrival(
+        self,
+        input_length: int,
+        requested_output: int,
+        arrival_ms: float,
+        session_id: str | None,
+        turn_index: int | None,
+    ) -> RequestRecord:
+        """A request reached the cluster; its uid is its arrival ordinal."""
+        record = RequestRecord(
+            len(self.records), arrival_ms, input_length, requested_output, session_id, turn_index
+        )
+        self.records.append(record)
+        return record
+
+    @staticmethod
+    def on_route(record: RequestRecord, worker: int, dp_rank: int) -> None:
+        """The request was placed on ``worker``'s rank ``dp_rank``."""
+        record.worker = worker
+        record.dp_rank = dp_rank
+
+    @staticmethod
+    def on_admit(record: RequestRecord, now: float, reused_tokens: int) -> None:
+        """A rank admitted the request (again, after a preemption) reusing cached tokens."""
+        if record.first_admit_ms is None:
+            record.first_admit_ms = now
+            record.first_reused = reused_tokens
+        record.reused = max(record.reused, reused_tokens)
+
+    def on_token(self, record: RequestRecord, now: float) -> None:
+        """One output token was emitted at ``now``."""
+        last = record.last_token_ms
+        if last is None:
+            record.first_token_ms = now
+        else:
+            gap = now - last
+            self.itl.add(gap)
+            if gap > 0.0:
+                self.per_user.add(1000.0 / gap)
+            if record.num_tokens == 1:
+                record.second_token_ms = now
+        record.last_token_ms = now
+        record.num_tokens += 1
+
+    @staticmethod
+    def on_terminal(record: RequestRecord, now: float, terminal: Terminal) -> None:
+        """The request completed or was rejected at ``now``."""
+        record.terminal = terminal
+        record.terminal_ms = now

@@ -1,0 +1,135 @@
+"""Report outputs: the JSON summary, per-request JSONL and the AIPerf-style table."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from servesim.metrics.collector import RequestRecord
+
+
+def _uuid(uid: int) -> str:
+    # Deterministic ids in the reference's synthetic format (1-based).
+    return f"00000000-0000-0000-0000-{uid + 1:012d}"
+
+
+def request_row(r: RequestRecord) -> dict[str, Any]:
+    """One per-request JSONL record (reference field names)."""
+    ttft = e2e = ttst = itl = None
+    if r.first_token_ms is not None and r.last_token_ms is not None:
+        ttft = max(0.0, r.first_token_ms - r.arrival_ms)
+        e2e = max(0.0, r.last_token_ms - r.arrival_ms)
+        if r.num_tokens >= 2:
+            assert r.second_token_ms is not None
+            ttst = max(0.0, r.second_token_ms - r.first_token_ms)
+            itl = max(0.0, r.last_token_ms - r.first_token_ms) / (r.num_tokens - 1)
+    return {
+        "uuid": _uuid(r.uid),
+        "session_id": r.session_id,
+        "turn_index": r.turn_index,
+        "arrival_time_ms": r.arrival_ms,
+        "first_admit_ms": r.first_admit_ms,
+        "first_token_ms": r.first_token_ms,
+        "last_token_ms": r.last_token_ms,
+        "terminal_time_ms": r.terminal_ms,
+        "ttft_ms": ttft,
+        "ttst_ms": ttst,
+        "e2e_latency_ms": e2e,
+        "itl_ms": itl,
+        "input_length": r.input_length,
+        "requested_output_length": r.requested_output,
+        "output_length": r.num_tokens,
+        "reused_input_tokens": r.reused,
+        "first_admission_reused_input_tokens": r.first_reused,
+        "prefill_worker_idx": None,
+        "decode_worker_idx": r.worker,
+        "dp_rank": r.dp_rank,
+        "terminal_status": r.terminal.value if r.terminal is not None else "incomplete",
+    }
+
+
+def _atomic_write(path: Path, chunks: Iterable[str]) -> None:
+    """Write a file whole or not at all (no partial report is ever left behind)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for chunk in chunks:
+                handle.write(chunk)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report_json(path: Path, summary: dict[str, Any]) -> None:
+    """``{"summary": {...}}`` with sorted keys."""
+    _atomic_write(path, [json.dumps({"summary": summary}, indent=2, sort_keys=True), "\n"])
+
+
+def write_requests_jsonl(path: Path, records: list[RequestRecord]) -> None:
+    """One line per request, by arrival then uid."""
+    ordered = sorted(records, key=lambda r: (r.arrival_ms, r.uid))
+    _atomic_write(path, (json.dumps(request_row(r), sort_keys=True) + "\n" for r in ordered))
+
+
+_ROWS = (
+    ("Time to First Token (ms)", "ttft_ms"),
+    ("Time to Second Token (ms)", "ttst_ms"),
+    ("Request Latency (ms)", "e2e_latency_ms"),
+    ("Inter Token Latency (ms)", "itl_ms"),
+    ("Output Token Throughput Per User (tokens/sec/user)", "output_token_throughput_per_user"),
+)
+_SCALARS = (
+    ("Output Token Throughput (tokens/sec)", "output_throughput_tok_s"),
+    ("Request Throughput (requests/sec)", "request_throughput_rps"),
+    ("Request Count (requests)", "completed_requests"),
+)
+_COLUMNS = ("avg", "min", "max", "p99", "p90", "p75", "std")
+_STATS = ("mean", "min", "max", "p99", "p90", "p75", "std")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "N/A"
+    return f"{value:,.2f}"
+
+
+def render_table(summary: dict[str, Any]) -> str:
+    """The AIPerf-style box table of the main metrics."""
+    rows: list[list[str]] = []
+    for label, key in _ROWS:
+        if f"mean_{key}" in summary:
+            rows.append([label, *(_fmt(summary.get(f"{s}_{key}")) for s in _STATS)])
+    for label, key in _SCALARS:
+        rows.append([label, _fmt(summary.get(key)), *(["N/A"] * 6)])
+    header = ["Metric", *_COLUMNS]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(left: str, mid: str, right: str, fill: str) -> str:
+        return left + mid.join(fill * (w + 2) for w in widths) + right
+
+    def cells(values: list[str], border: str) -> str:
+        parts = [f" {values[0]:<{widths[0]}} "] + [
+            f" {v:>{w}} " for v, w in zip(values[1:], widths[1:], strict=True)
+        ]
+        return border + border.join(parts) + border
+
+    out = [
+        "NVIDIA AIPerf | LLM Metrics",
+        line("┏", "┳", "┓", "━"),
+        cells(header, "┃"),
+        line("┡", "╇", "┩", "━"),
+    ]
+    out += [cells(r, "│") for r in rows]
+    out.append(line("└", "┴", "┘", "─"))
+    out.append(f"Wall Time (ms): {summary['wall_time_ms']:,.2f}")
+    out.append(f"Prefix Cache Reused Ratio: {summary['prefix_cache_reused_ratio']:.4f}")
+    out.append(
+        f"First Admission Prefix Cache Reused Ratio: {summary['first_admission_prefix_cache_reused_ratio']:.4f}"
+    )
+    return "\n".join(out)

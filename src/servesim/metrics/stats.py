@@ -1,0 +1,126 @@
+"""Distribution statistics with the reference's definitions.
+
+Percentile p of n sorted values is the value at index round((n - 1) * p / 100)
+(half away from zero, clamped); ``std`` is the population standard deviation;
+an empty distribution gives 0.0 everywhere.
+
+Token gaps are far too many to keep (millions per run), so they go into a
+:class:`GapSketch`: exact count, min and max, a Welford mean and variance,
+and a logarithmic-bucket sketch (DDSketch) for percentiles with bounded
+relative error, which is also how the reference summarises them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+STAT_NAMES = ("mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std")
+_PERCENTILES = (("median", 50.0), ("p75", 75.0), ("p90", 90.0), ("p95", 95.0), ("p99", 99.0))
+
+
+def rank(n: int, p: float) -> int:
+    """Index of percentile ``p`` among ``n`` sorted values (nearest rank, rounded half up)."""
+    return min(math.floor((n - 1) * p / 100.0 + 0.5), n - 1)
+
+
+def describe(values: Sequence[float]) -> dict[str, float]:
+    """mean, min, max, median, p75, p90, p95, p99 and std of ``values``."""
+    n = len(values)
+    if n == 0:
+        return dict.fromkeys(STAT_NAMES, 0.0)
+    ordered = sorted(values)
+    # Plain sums in the given (arrival) order, two passes, as the reference.
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / n
+    out = {"mean": mean, "min": ordered[0], "max": ordered[-1]}
+    for name, p in _PERCENTILES:
+        out[name] = ordered[rank(n, p)]
+    out["std"] = math.sqrt(var)
+    return {k: out[k] for k in STAT_NAMES}
+
+
+class GapSketch:
+    """Streaming summary of non-negative samples: exact moments, sketched percentiles.
+
+    Mirrors the reference (the ``ddsketchy`` DDSketch with relative accuracy
+    ``alpha`` = 0.001): a positive sample goes to bucket
+    ``ceil(ln(v) / ln(gamma))`` with ``gamma = 1 + 2 alpha / (1 - alpha)``,
+    and a bucket reports its midpoint ``gamma^k * 2 / (1 + gamma)``; tiny
+    samples and zeros count in a zero bucket that reports 0.0. Percentile
+    ranks follow :func:`rank`; one sample reports itself. Mean and std are a
+    Welford running update; min and max are exact.
+    """
+
+    __slots__ = (
+        "_buckets",
+        "_gamma_ln",
+        "_inv_ln_gamma",
+        "_m2",
+        "_mid",
+        "_min_indexable",
+        "count",
+        "max",
+        "mean",
+        "min",
+        "zeros",
+    )
+
+    def __init__(self, alpha: float = 0.001) -> None:
+        x = 2.0 * alpha / (1.0 - alpha)
+        gamma = 1.0 + x
+        self._inv_ln_gamma = 1.0 / math.log1p(x)
+        self._gamma_ln = 1.0 / self._inv_ln_gamma
+        self._mid = 2.0 / (1.0 + gamma)
+        self._min_indexable = max(
+            math.exp(-(2.0**31) / self._inv_ln_gamma + 1.0), 2.2250738585072014e-308 * gamma
+        )
+        self._buckets: dict[int, int] = {}
+        self.count = 0
+        self.zeros = 0
+        self.mean = 0.0
+        self._m2 = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def add(self, value: float) -> None:
+        """Record one sample."""
+        self.count += 1
+        delta = value - self.mean
+        self.mean += delta / self.count
+        self._m2 += delta * (value - self.mean)
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+        if value < self._min_indexable:
+            self.zeros += 1
+            return
+        key = math.ceil(math.log(value) * self._inv_ln_gamma)
+        buckets = self._buckets
+        buckets[key] = buckets.get(key, 0) + 1
+
+    def quantile(self, p: float) -> float:
+        """Sketched value at percentile ``p``."""
+        if self.count == 1:
+            return self.min
+        target = rank(self.count, p)
+        if target < self.zeros:
+            return 0.0
+        seen = self.zeros
+        for key in sorted(self._buckets):
+            seen += self._buckets[key]
+            if seen > target:
+                return math.exp(key * self._gamma_ln) * self._mid
+        raise AssertionError("rank beyond the sketch's count")
+
+    def describe(self) -> dict[str, float]:
+        """The same statistics as :func:`describe`, from the sketch."""
+        n = self.count
+        if n == 0:
+            return dict.fromkeys(STAT_NAMES, 0.0)
+        out = {"mean": self.mean, "min": self.min, "max": self.max}
+        for name, p in _PERCENTILES:
+            out[name] = self.quantile(p)
+        out["std"] = math.sqrt(self._m2 / n)
+        return {k: out[k] for k in STAT_NAMES}

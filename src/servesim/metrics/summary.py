@@ -1,0 +1,126 @@
+"""The summary: the reference's metrics, each a pure function of the recorded facts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from servesim.metrics.collector import Collector, RequestRecord, Terminal
+from servesim.metrics.stats import describe
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sla:
+    """Goodput bounds; a request is good when every bound given holds (<=)."""
+
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    e2e_ms: float | None = None
+
+    @property
+    def any(self) -> bool:
+        """Whether any bound is set."""
+        return self.ttft_ms is not None or self.itl_ms is not None or self.e2e_ms is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cost:
+    """Worker-seconds and GPUs per worker of each pool (aggregated workers count as decode)."""
+
+    prefill_worker_seconds: float = 0.0
+    decode_worker_seconds: float = 0.0
+    prefill_gpus_per_worker: int = 0
+    decode_gpus_per_worker: int = 0
+
+
+def _dist(out: dict[str, Any], name: str, stats: dict[str, float], suffix: str = "_ms") -> None:
+    for stat, value in stats.items():
+        out[f"{stat}_{name}{suffix}"] = value
+
+
+def _is_good(r: RequestRecord, sla: Sla) -> bool:
+    if r.num_tokens == 0:
+        return sla.e2e_ms is not None and sla.ttft_ms is None and sla.itl_ms is None
+    assert r.first_token_ms is not None and r.last_token_ms is not None
+    ttft = max(0.0, r.first_token_ms - r.arrival_ms)
+    e2e = max(0.0, r.last_token_ms - r.arrival_ms)
+    if sla.ttft_ms is not None and ttft > sla.ttft_ms:
+        return False
+    if sla.e2e_ms is not None and e2e > sla.e2e_ms:
+        return False
+    return not (
+        sla.itl_ms is not None
+        and r.num_tokens > 1
+        and (e2e - ttft) / (r.num_tokens - 1) > sla.itl_ms
+    )
+
+
+def summarize(collector: Collector, *, cost: Cost, sla: Sla, wall_time_ms: float) -> dict[str, Any]:
+    """Every summary key of the reference report (plus counts by terminal status)."""
+    records = collector.records
+    done = [r for r in records if r.terminal is Terminal.COMPLETED and r.first_admit_ms is not None]
+    ttft, ttst, tpot, e2e = [], [], [], []
+    for r in done:
+        if r.num_tokens == 0:
+            continue
+        assert r.first_token_ms is not None and r.last_token_ms is not None
+        ttft.append(max(0.0, r.first_token_ms - r.arrival_ms))
+        e2e.append(max(0.0, r.last_token_ms - r.arrival_ms))
+        if r.num_tokens >= 2:
+            assert r.second_token_ms is not None
+            ttst.append(max(0.0, r.second_token_ms - r.first_token_ms))
+            tpot.append(max(0.0, r.last_token_ms - r.first_token_ms) / (r.num_tokens - 1))
+    total_in = sum(r.input_length for r in done)
+    total_out = sum(r.num_tokens for r in done)
+    duration = max((r.terminal_ms for r in done if r.terminal_ms is not None), default=0.0)
+    seconds = max(duration / 1000.0, 1e-9)
+    wall_s = wall_time_ms / 1000.0
+    out: dict[str, Any] = {
+        "num_requests": len(records),
+        "completed_requests": len(done),
+        "rejected_requests": sum(1 for r in records if r.terminal is Terminal.REJECTED),
+        "incomplete_requests": sum(1 for r in records if r.terminal is None),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "duration_ms": duration,
+        "wall_time_ms": wall_time_ms,
+        "request_throughput_rps": len(done) / seconds,
+        "input_throughput_tok_s": total_in / seconds,
+        "output_throughput_tok_s": total_out / seconds,
+        "total_throughput_tok_s": (total_in + total_out) / seconds,
+        "processed_tokens": total_in + total_out,
+        "processed_tokens_per_s": (total_in + total_out) / wall_s if wall_s > 0 else 0.0,
+        "processed_output_tokens_per_s": total_out / wall_s if wall_s > 0 else 0.0,
+        "prefill_worker_seconds": cost.prefill_worker_seconds,
+        "decode_worker_seconds": cost.decode_worker_seconds,
+        "prefill_gpus_per_worker": cost.prefill_gpus_per_worker,
+        "decode_gpus_per_worker": cost.decode_gpus_per_worker,
+        "gpu_hours": (
+            cost.prefill_worker_seconds * cost.prefill_gpus_per_worker
+            + cost.decode_worker_seconds * cost.decode_gpus_per_worker
+        )
+        / 3600.0,
+        "prefix_cache_reused_ratio": sum(r.reused for r in done) / total_in if total_in else 0.0,
+        "first_admission_prefix_cache_reused_ratio": (
+            sum(r.first_reused for r in done) / total_in if total_in else 0.0
+        ),
+        "num_ttft_samples": len(ttft),
+        "num_tpot_samples": len(tpot),
+        "num_e2e_latency_samples": len(e2e),
+    }
+    _dist(out, "ttft", describe(ttft))
+    _dist(out, "ttst", describe(ttst))
+    _dist(out, "tpot", describe(tpot))
+    _dist(out, "itl", collector.itl.describe())
+    _dist(out, "e2e_latency", describe(e2e))
+    _dist(out, "output_token_throughput_per_user", collector.per_user.describe(), suffix="")
+    if sla.any:
+        good = [r for r in done if _is_good(r, sla)]
+        out["goodput_completed_requests"] = len(good)
+        out["goodput_request_throughput_rps"] = len(good) / seconds
+        out["goodput_output_throughput_tok_s"] = sum(r.num_tokens for r in good) / seconds
+    return {
+        k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+        for k, v in sorted(out.items())
+    }

@@ -1,0 +1,123 @@
+"""The public entry point: build a cluster from a :class:`RunConfig`, replay, report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servesim.cluster.runtime import Runtime
+from servesim.config import EngineConfig
+from servesim.engine.worker import Worker
+from servesim.errors import ConfigError
+from servesim.metrics.collector import Collector, RequestRecord
+from servesim.metrics.summary import Cost, Sla, summarize
+from servesim.router.round_robin import RoundRobinRouter
+from servesim.workload.admission import AdmissionQueue
+from servesim.workload.mooncake import read_mooncake
+from servesim.workload.request import Session
+from servesim.workload.synthetic import synthetic_sessions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyntheticWorkload:
+    """Fixed-length requests with unique prompts."""
+
+    input_tokens: int
+    output_tokens: int
+    request_count: int
+    arrival_interval_ms: float | None = None
+    request_rate: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """Everything one replay needs.
+
+    Exactly one of ``trace`` and ``synthetic`` describes the workload.
+    """
+
+    trace: Path | None = None
+    synthetic: SyntheticWorkload | None = None
+    trace_block_size: int = 512
+    arrival_speedup_ratio: float = 1.0
+    replay_concurrency: int | None = None
+    num_workers: int = 1
+    router_mode: str = "round_robin"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    sla: Sla = field(default_factory=Sla)
+    max_sim_time_ms: float | None = None
+    seed: int = 42
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    """A finished replay: the summary and the per-request records."""
+
+    summary: dict[str, Any]
+    records: list[RequestRecord]
+    time_limited: bool
+
+
+def _sessions(config: RunConfig) -> list[Session]:
+    if (config.trace is None) == (config.synthetic is None):
+        raise ConfigError("give either a trace file or a synthetic workload, not both or neither")
+    if config.trace is not None:
+        return read_mooncake(
+            config.trace,
+            trace_block_size=config.trace_block_size,
+            need_timestamps=config.replay_concurrency is None,
+        )
+    syn = config.synthetic
+    assert syn is not None
+    return synthetic_sessions(
+        input_tokens=syn.input_tokens,
+        output_tokens=syn.output_tokens,
+        request_count=syn.request_count,
+        arrival_interval_ms=syn.arrival_interval_ms,
+        request_rate=syn.request_rate,
+        seed=config.seed,
+    )
+
+
+def run(config: RunConfig, *, progress: Callable[[int], None] | None = None) -> Report:
+    """Replay the workload on the configured cluster and summarise what users would see.
+
+    Raises:
+        ServesimError: bad configuration or workload (ConfigError, TraceError),
+            or a simulation that cannot finish (SimulationError).
+    """
+    if config.num_workers < 1:
+        raise ConfigError(f"number of workers must be at least 1, got {config.num_workers}")
+    if config.router_mode != "round_robin":
+        raise ConfigError(
+            f"router mode '{config.router_mode}' is not supported yet (only 'round_robin')"
+        )
+    if config.max_sim_time_ms is not None and config.max_sim_time_ms < 0:
+        raise ConfigError(f"max sim time must be non-negative, got {config.max_sim_time_ms}")
+    sessions = _sessions(config)
+    admission = AdmissionQueue(
+        sessions, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
+    )
+    workers = [Worker(i, config.engine) for i in range(config.num_workers)]
+    router = RoundRobinRouter([config.engine.dp_size] * config.num_workers)
+    collector = Collector()
+    runtime = Runtime(workers, router, admission, collector, progress=progress)
+    started = time.perf_counter()
+    outcome = runtime.run(config.max_sim_time_ms)
+    wall_ms = (time.perf_counter() - started) * 1000.0
+    cost = Cost(
+        decode_worker_seconds=runtime.worker_seconds,
+        decode_gpus_per_worker=config.engine.gpus_per_worker,
+    )
+    summary = summarize(collector, cost=cost, sla=config.sla, wall_time_ms=wall_ms)
+    return Report(summary=summary, records=collector.records, time_limited=outcome.time_limited)
+
+
+def count_requests(config: RunConfig) -> int | None:
+    """How many requests the workload holds, when known cheaply (for progress bars)."""
+    if config.synthetic is not None:
+        return config.synthetic.request_count
+    return None

@@ -1,0 +1,98 @@
+"""When each request of the workload reaches the cluster.
+
+Open loop: a session's first turn arrives at its (normalised, sped-up) start
+time. Closed loop (``concurrency``): at most N sessions are active; a session
+is activated at the current time when a slot frees and keeps its slot through
+all its turns and think times. In both, turn k+1 becomes ready at the
+completion (or rejection) of turn k plus its delay.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from servesim.errors import ConfigError
+from servesim.workload.request import RequestSpec, Session
+
+
+@dataclass(slots=True)
+class Released:
+    """A request handed to the cluster at ``arrival_ms``."""
+
+    spec: RequestSpec
+    session: int
+    arrival_ms: float
+
+
+class AdmissionQueue:
+    """Releases requests as they become ready and tracks sessions in flight."""
+
+    def __init__(
+        self, sessions: list[Session], *, concurrency: int | None = None, speedup: float = 1.0
+    ) -> None:
+        if concurrency is not None and concurrency < 1:
+            raise ConfigError(f"replay concurrency must be at least 1, got {concurrency}")
+        if not (math.isfinite(speedup) and speedup > 0):
+            raise ConfigError(
+                f"arrival speedup ratio must be a finite positive number, got {speedup}"
+            )
+        self._sessions = sessions
+        self._concurrency = concurrency
+        self._delay_scale = 1.0 if concurrency is not None else 1.0 / speedup
+        self._heap: list[tuple[float, int, int, int]] = []  # (ready, seq, session, turn)
+        self._seq = 0
+        self._inactive: deque[int] = deque()
+        self._active = 0
+        self._remaining_sessions = len(sessions)
+        if concurrency is None:
+            starts = [s.start_ms for s in sessions]
+            assert all(t is not None for t in starts), "open-loop sessions need start times"
+            origin = min(t for t in starts if t is not None)
+            order = sorted(range(len(sessions)), key=lambda i: starts[i])  # type: ignore[arg-type, return-value]
+            for i in order:
+                start = sessions[i].start_ms
+                assert start is not None
+                self._push((start - origin) / speedup, i, 0)
+        else:
+            self._inactive.extend(range(len(sessions)))
+
+    def next_ready_ms(self, now: float) -> float:
+        """Earliest time something can be released (``now`` if a closed-loop slot is free)."""
+        if self._inactive and self._concurrency is not None and self._active < self._concurrency:
+            return now
+        return self._heap[0][0] if self._heap else math.inf
+
+    def release(self, now: float) -> list[Released]:
+        """Requests ready at or before ``now``, in release order."""
+        if self._concurrency is not None:
+            while self._inactive and self._active < self._concurrency:
+                self._active += 1
+                self._push(now, self._inactive.popleft(), 0)
+        out = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, _, session, turn = heapq.heappop(heap)
+            out.append(Released(self._sessions[session].turns[turn], session, now))
+        return out
+
+    def on_finished(self, released: Released, now: float) -> None:
+        """A request completed or was rejected: ready its session's next turn, or end the session."""
+        turns = self._sessions[released.session].turns
+        k = released.spec.turn_index or 0
+        if k + 1 < len(turns):
+            self._push(now + turns[k + 1].delay_ms * self._delay_scale, released.session, k + 1)
+            return
+        self._remaining_sessions -= 1
+        if self._concurrency is not None:
+            self._active -= 1
+
+    def drained(self) -> bool:
+        """Every session has finished its last turn."""
+        return self._remaining_sessions == 0
+
+    def _push(self, ready: float, session: int, turn: int) -> None:
+        heapq.heappush(self._heap, (ready, self._seq, session, turn))
+        self._seq += 1

@@ -1,0 +1,201 @@
+"""Mooncake JSONL traces: one request per line, prompts described by block hash ids.
+
+Fields (aliases in brackets): ``timestamp`` [``created_time``] ms,
+``input_length`` [``input_tokens``], ``output_length`` [``output_tokens``]
+(required), ``hash_ids`` (required, non-empty), ``session_id``, ``delay``
+[``delay_ms``], ``priority``. Unknown fields are ignored. Each hash id stands
+for ``trace_block_size`` copies of one token; a hash id gets a dense token id
+in order of first appearance, so equal ids mean equal blocks.
+
+Rows sharing a ``session_id`` are the turns of one session, in file order;
+rows without one are one-turn sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servesim.errors import TraceError
+from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
+
+
+@dataclass(slots=True)
+class _Row:
+    line: int
+    spec: RequestSpec
+    timestamp: float | None
+    delay: float | None
+
+
+class _Interner:
+    __slots__ = ("_ids",)
+
+    def __init__(self) -> None:
+        self._ids: dict[int, int] = {}
+
+    def tokens(self, hash_ids: list[int]) -> tuple[int, ...]:
+        ids = self._ids
+        return tuple(ids.setdefault(h, len(ids)) for h in hash_ids)
+
+
+def _field(obj: dict[str, Any], *names: str) -> Any:
+    for name in names:
+        if name in obj:
+            return obj[name]
+    return None
+
+
+def _number(value: Any, what: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TraceError(f"{where}: {what} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _count(value: Any, what: str, where: str) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceError(f"{where}: {what} must be a non-negative integer, got {value!r}")
+    if value < 0:
+        raise TraceError(f"{where}: {what} must be a non-negative integer, got {value}")
+    return value
+
+
+def _parse_row(
+    obj: Any,
+    where: str,
+    line: int,
+    trace_block_size: int,
+    interner: _Interner,
+    cache: BlockContentCache,
+) -> _Row:
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    hash_ids = obj.get("hash_ids")
+    if hash_ids is None:
+        raise TraceError(f"{where}: missing required field 'hash_ids'")
+    if not isinstance(hash_ids, list) or not hash_ids:
+        raise TraceError(f"{where}: 'hash_ids' must be a non-empty list of integers")
+    for h in hash_ids:
+        if isinstance(h, bool) or not isinstance(h, int) or h < 0:
+            raise TraceError(f"{where}: 'hash_ids' must hold non-negative integers, found {h!r}")
+    output = _field(obj, "output_length", "output_tokens")
+    if output is None:
+        raise TraceError(f"{where}: missing required field 'output_length'")
+    output_length = _count(output, "'output_length'", where)
+    capacity = len(hash_ids) * trace_block_size
+    raw_input = _field(obj, "input_length", "input_tokens")
+    input_length = capacity if raw_input is None else _count(raw_input, "'input_length'", where)
+    if input_length == 0:
+        raise TraceError(f"{where}: 'input_length' must be positive")
+    if input_length > capacity:
+        raise TraceError(
+            f"{where}: input_length {input_length} exceeds hash_ids capacity {capacity} "
+            f"({len(hash_ids)} ids x trace block size {trace_block_size})"
+        )
+    raw_ts = _field(obj, "timestamp", "created_time")
+    timestamp = None if raw_ts is None else _number(raw_ts, "'timestamp'", where)
+    raw_delay = _field(obj, "delay", "delay_ms")
+    delay = None if raw_delay is None else _number(raw_delay, "'delay'", where)
+    if delay is not None and delay < 0:
+        raise TraceError(f"{where}: 'delay' must be non-negative, got {delay}")
+    session = obj.get("session_id")
+    if session is not None and not isinstance(session, (str, int)):
+        raise TraceError(f"{where}: 'session_id' must be a string, got {session!r}")
+    priority = obj.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TraceError(f"{where}: 'priority' must be an integer, got {priority!r}")
+    # Only the ids the prompt covers matter; later ids are unused.
+    used = hash_ids[: -(-input_length // trace_block_size)]
+    prompt = TracePrompt(interner.tokens(used), trace_block_size, input_length, cache)
+    spec = RequestSpec(
+        prompt=prompt,
+        output_length=output_length,
+        session_id=str(session) if session is not None else None,
+        priority=priority,
+    )
+    return _Row(line, spec, timestamp, delay)
+
+
+def _read_rows(path: Path, trace_block_size: int, cache: BlockContentCache) -> Iterator[_Row]:
+    interner = _Interner()
+    try:
+        handle = path.open("r", encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(f"cannot open trace file {path}: {exc.strerror}") from None
+    with handle:
+        for line_no, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise TraceError(
+                    f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
+                ) from None
+            yield _parse_row(obj, where, line_no, trace_block_size, interner, cache)
+
+
+def read_mooncake(path: Path, *, trace_block_size: int, need_timestamps: bool) -> list[Session]:
+    """Read a Mooncake trace into sessions, in order of first appearance.
+
+    Args:
+        path: the JSONL file.
+        trace_block_size: tokens per hash id.
+        need_timestamps: open-loop replay needs every session's first turn to
+            carry a timestamp; closed-loop replay ignores them.
+
+    Raises:
+        TraceError: naming the file and line of the first problem found.
+    """
+    if trace_block_size <= 0:
+        raise TraceError(f"trace block size must be greater than 0, got {trace_block_size}")
+    cache = BlockContentCache()
+    sessions: dict[str, list[_Row]] = {}
+    for row in _read_rows(path, trace_block_size, cache):
+        key = row.spec.session_id if row.spec.session_id is not None else f"request_{row.line}"
+        sessions.setdefault(key, []).append(row)
+    if not sessions:
+        raise TraceError(f"trace file {path} did not contain any requests")
+    return [_session(path, key, rows, need_timestamps) for key, rows in sessions.items()]
+
+
+def _session(path: Path, key: str, rows: list[_Row], need_timestamps: bool) -> Session:
+    first = rows[0]
+    where = f"{path}:{first.line}"
+    if first.delay:
+        raise TraceError(f"{where}: sets delay on the first turn of session {key}")
+    if first.timestamp is None and need_timestamps:
+        raise TraceError(
+            f"{where}: first turn of session {key} has no timestamp (needed for open-loop replay)"
+        )
+    if first.timestamp is not None and first.timestamp < 0:
+        raise TraceError(f"{where}: timestamp must be non-negative, got {first.timestamp}")
+    last_ts = first.timestamp
+    for k, row in enumerate(rows):
+        if row.spec.session_id is not None:
+            row.spec.turn_index = k
+        if k == 0:
+            continue
+        if row.delay is not None:
+            row.spec.delay_ms = row.delay
+        elif row.timestamp is not None:
+            if last_ts is None:
+                raise TraceError(
+                    f"{path}:{row.line}: session {key} cannot infer delay without a previous timestamp"
+                )
+            delay = row.timestamp - last_ts
+            if delay < 0:
+                raise TraceError(
+                    f"{path}:{row.line}: session {key} has a negative delay {delay} (timestamps go back)"
+                )
+            row.spec.delay_ms = delay
+        if row.timestamp is not None:
+            last_ts = row.timestamp
+    return Session(turns=[r.spec for r in rows], start_ms=first.timestamp)

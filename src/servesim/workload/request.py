@@ -1,0 +1,128 @@
+"""Requests as the workload describes them, and the prompts behind their hashes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from servesim.engine.kv.hashing import hash_tokens
+from servesim.engine.request import Prompt
+
+
+class BlockContentCache:
+    """Local hashes of block contents already seen, so each distinct block is hashed once.
+
+    Trace prompts repeat one token per trace block, so an engine block's content
+    is a short run-length key such as ``((token, 64),)``.
+    """
+
+    __slots__ = ("_hashes",)
+
+    def __init__(self) -> None:
+        self._hashes: dict[tuple[tuple[int, int], ...], int] = {}
+
+    def local_hash(self, runs: tuple[tuple[int, int], ...]) -> int:
+        """Hash of a block made of ``count`` copies of each ``token``, in order."""
+        h = self._hashes.get(runs)
+        if h is None:
+            data = b"".join(int(token).to_bytes(4, "little") * count for token, count in runs)
+            h = self._hashes[runs] = hash_tokens(data)
+        return h
+
+
+class TracePrompt:
+    """A trace prompt: ``trace_block_size`` copies of one token per hash id, cut to ``length``."""
+
+    __slots__ = ("_cache", "_tokens", "_trace_block_size", "length")
+
+    def __init__(
+        self, tokens: tuple[int, ...], trace_block_size: int, length: int, cache: BlockContentCache
+    ) -> None:
+        self._tokens = tokens
+        self._trace_block_size = trace_block_size
+        self.length = length
+        self._cache = cache
+
+    def block_hashes(self, block_size: int) -> list[int]:
+        """See :class:`~servesim.engine.request.Prompt`."""
+        tbs, tokens, local_hash = self._trace_block_size, self._tokens, self._cache.local_hash
+        out = []
+        for j in range(self.length // block_size):
+            start, end = j * block_size, (j + 1) * block_size
+            runs = []
+            pos = start
+            while pos < end:
+                index = pos // tbs
+                stop = min(end, (index + 1) * tbs)
+                runs.append((tokens[index], stop - pos))
+                pos = stop
+            out.append(local_hash(tuple(runs)))
+        return out
+
+
+_MASK = np.uint64(0xFFFFFFFF)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    z = x + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class SyntheticPrompt:
+    """Unique tokens: token i of request r is a SplitMix64 hash of (r, i), 0 remapped to 1."""
+
+    __slots__ = ("index", "length")
+
+    def __init__(self, index: int, length: int) -> None:
+        self.index = index
+        self.length = length
+
+    def block_hashes(self, block_size: int) -> list[int]:
+        """See :class:`~servesim.engine.request.Prompt`."""
+        n = self.length // block_size * block_size
+        positions = np.arange(n, dtype=np.uint64) + np.uint64(self.index << 32)
+        tokens = (_splitmix64(positions) & _MASK).astype("<u4")
+        tokens[tokens == 0] = 1
+        data = tokens.tobytes()
+        step = block_size * 4
+        return [hash_tokens(data[i : i + step]) for i in range(0, len(data), step)]
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestSpec:
+    """One request of the workload.
+
+    Attributes:
+        prompt: the prompt tokens (through their block hashes).
+        output_length: output tokens requested.
+        session_id: the session it belongs to, or None for a one-shot request.
+        turn_index: 0-based turn within its session (None for one-shot requests).
+        delay_ms: think time after the previous turn completes (later turns only).
+        priority: soft priority hint for router queues.
+    """
+
+    prompt: Prompt
+    output_length: int
+    session_id: str | None = None
+    turn_index: int | None = None
+    delay_ms: float = 0.0
+    priority: int = 0
+
+    @property
+    def input_length(self) -> int:
+        """Prompt tokens."""
+        return self.prompt.length
+
+
+@dataclass(slots=True, kw_only=True)
+class Session:
+    """Turns that run one after another; turn k+1 is ready ``delay`` after turn k completes.
+
+    ``start_ms`` is the first turn's arrival in open-loop replay (None in closed loop).
+    """
+
+    turns: list[RequestSpec]
+    start_ms: float | None = None
