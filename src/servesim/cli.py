@@ -48,9 +48,12 @@ def _non_negative(text: str) -> float:
 
 
 def _positive(text: str) -> float:
-    value = _non_negative(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be greater than 0")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
     return value
 
 
@@ -126,9 +129,11 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         if not trace.is_file():
             parser.error(f"trace file not found: {trace}")
     else:
-        if any(v is None for v in synthetic_flags):
+        names = ("--input-tokens", "--output-tokens", "--request-count")
+        missing = [n for n, v in zip(names, synthetic_flags, strict=True) if v is None]
+        if missing:
             parser.error(
-                "provide either a trace file or all of --input-tokens/--output-tokens/--request-count"
+                f"synthetic replay is missing {', '.join(missing)} (or give a trace file instead)"
             )
         controllers = [args.replay_concurrency, args.arrival_interval_ms, args.request_rate]
         if sum(v is not None for v in controllers) > 1:

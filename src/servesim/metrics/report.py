@@ -14,7 +14,7 @@ from servesim.metrics.collector import RequestRecord
 
 def _uuid(uid: int) -> str:
     # Deterministic ids in the reference's synthetic format (1-based).
-    return f"00000000-0000-0000-0000-{uid + 1:012d}"
+    return f"00000000-0000-0000-0000-{uid + 1:012x}"
 
 
 def request_row(r: RequestRecord) -> dict[str, Any]:

@@ -1,0 +1,115 @@
+"""Invariants over random small workloads (Hypothesis).
+
+Blocks are conserved and reference counts never go negative after every
+pass; every request ends exactly once; time never goes backwards.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servesim.cluster.runtime import Runtime
+from servesim.config import EngineConfig
+from servesim.engine.vllm import PassResult
+from servesim.engine.worker import Worker
+from servesim.metrics.collector import Collector, Terminal
+from servesim.router.round_robin import RoundRobinRouter
+from servesim.workload.admission import AdmissionQueue
+from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
+
+BLOCK = 4
+TRACE_BLOCK = 8
+MAX_PROMPT_IDS = 6
+MAX_OUTPUT = 12
+
+
+class CheckedWorker(Worker):
+    """A worker that checks its pools and its clock after every pass."""
+
+    last_start = 0.0
+
+    def start_pass(self, now: float) -> tuple[float, list[tuple[int, PassResult]]]:
+        assert now >= self.last_start, "time went backwards"
+        self.last_start = now
+        end, results = super().start_pass(now)
+        assert end >= now
+        for rank in self.ranks:
+            rank.pool.check()
+            held = sum(len(r.blocks) for r in rank.running)
+            assert rank.pool.num_active <= held  # shared prefix blocks are counted once
+        return end, results
+
+
+requests = st.lists(
+    st.tuples(
+        # Hash ids from a small alphabet, so prompts share prefixes.
+        st.lists(st.integers(0, 3), min_size=1, max_size=MAX_PROMPT_IDS),
+        st.integers(1, TRACE_BLOCK),  # tokens cut from the last id
+        st.integers(0, MAX_OUTPUT),  # output length
+        st.floats(0, 200, allow_nan=False),  # arrival
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    reqs=requests,
+    num_workers=st.integers(1, 3),
+    dp_size=st.integers(1, 2),
+    budget=st.integers(4, 64),
+    preemption=st.sampled_from(["lifo", "fifo"]),
+    concurrency=st.one_of(st.none(), st.integers(1, 6)),
+)
+def test_random_workloads_keep_the_invariants(
+    reqs: list[tuple[list[int], int, int, float]],
+    num_workers: int,
+    dp_size: int,
+    budget: int,
+    preemption: str,
+    concurrency: int | None,
+) -> None:
+    """Every request ends exactly once, pools stay consistent, token times never decrease."""
+    longest = MAX_PROMPT_IDS * TRACE_BLOCK + MAX_OUTPUT
+    config = EngineConfig(
+        block_size=BLOCK,
+        # Tight: forces eviction and preemption, but every request fits.
+        num_gpu_blocks=-(-longest // BLOCK) + 2,
+        max_num_batched_tokens=budget,
+        preemption_mode=preemption,
+        dp_size=dp_size,
+    )
+    cache = BlockContentCache()
+    sessions = []
+    for ids, cut, output, arrival in reqs:
+        length = (len(ids) - 1) * TRACE_BLOCK + cut
+        prompt = TracePrompt(tuple(ids), TRACE_BLOCK, length, cache)
+        sessions.append(
+            Session(turns=[RequestSpec(prompt=prompt, output_length=output)], start_ms=arrival)
+        )
+    workers = [CheckedWorker(i, config) for i in range(num_workers)]
+    collector = Collector()
+    runtime = Runtime(
+        workers,
+        RoundRobinRouter([dp_size] * num_workers),
+        AdmissionQueue(sessions, concurrency=concurrency),
+        collector,
+    )
+    outcome = runtime.run()
+    records = collector.records
+    assert len(records) == len(reqs)
+    # Every request fits, so none is rejected.
+    assert all(r.terminal is Terminal.COMPLETED for r in records)
+    for r in records:
+        assert r.terminal_ms is not None and r.terminal_ms <= outcome.final_ms
+        if r.num_tokens:
+            assert r.first_token_ms is not None and r.last_token_ms is not None
+            assert r.arrival_ms <= r.first_token_ms <= r.last_token_ms == r.terminal_ms
+        assert r.num_tokens == r.requested_output
+    for worker in workers:
+        assert worker.in_flight() == 0
+        for rank in worker.ranks:
+            assert rank.pool.num_active == 0
+            rank.pool.check()

@@ -1,0 +1,123 @@
+"""End-to-end: servesim against stored outputs of the reference (Dynamo 1.6.1).
+
+Each scenario file is a copy of ``shared/reference/scenarios/<name>.json``;
+beside it is the reference's summary for it, produced by
+``refcheck.py reference``. The comparison mirrors ``refcheck.py``: counts
+exactly, latencies by relative error, cache reuse by absolute difference,
+within the scenario's tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servesim.cli import main
+
+HERE = Path(__file__).resolve().parent / "reference"
+METRICS = [
+    ("completed_requests", "exact"),
+    ("total_output_tokens", "exact"),
+    ("duration_ms", "rel"),
+    ("mean_ttft_ms", "rel"),
+    ("median_ttft_ms", "rel"),
+    ("p99_ttft_ms", "rel"),
+    ("mean_tpot_ms", "rel"),
+    ("mean_itl_ms", "rel"),
+    ("mean_e2e_latency_ms", "rel"),
+    ("p99_e2e_latency_ms", "rel"),
+    ("prefix_cache_reused_ratio", "abs"),
+]
+SCENARIOS = sorted(p.name.removesuffix(".scenario.json") for p in HERE.glob("*.scenario.json"))
+
+
+def scenario_argv(sc: dict[str, Any], shared: Path, workdir: Path, report: Path) -> list[str]:
+    """The servesim command line for a scenario, as refcheck.py builds it."""
+    argv = ["replay"]
+    if "trace" in sc:
+        trace = workdir / "trace.jsonl"
+        lines = (shared / sc["trace"]).read_text().splitlines(keepends=True)
+        trace.write_text("".join(lines[: sc.get("max_requests", len(lines))]))
+        argv += [str(trace), "--trace-block-size", str(sc.get("trace_block_size", 512))]
+    else:
+        syn = sc["synthetic"]
+        argv += [
+            "--input-tokens",
+            str(syn["input_tokens"]),
+            "--output-tokens",
+            str(syn["output_tokens"]),
+            "--request-count",
+            str(syn["request_count"]),
+        ]
+        if syn.get("arrival_interval_ms") is not None:
+            argv += ["--arrival-interval-ms", str(syn["arrival_interval_ms"])]
+    if sc.get("replay_concurrency") is not None:
+        argv += ["--replay-concurrency", str(sc["replay_concurrency"])]
+    engine = {**sc.get("engine", {}), **sc.get("servesim_engine_overrides", {})}
+    argv += [
+        "--router-mode",
+        sc.get("router_mode", "round_robin"),
+        "--num-workers",
+        str(sc.get("num_workers", 1)),
+        "--extra-engine-args",
+        json.dumps(engine),
+        "--report-json",
+        str(report),
+        "--quiet",
+    ]
+    return argv
+
+
+def compare(sc: dict[str, Any], ref: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """Metrics outside the scenario's tolerance, described."""
+    tol = sc.get("tolerance", {})
+    failures = []
+    for key, kind in METRICS:
+        r, o = ref[key], ours[key]
+        if kind == "exact":
+            good = r == o
+        elif kind == "abs":
+            good = abs(o - r) <= tol.get(key, tol.get("abs", 0.01))
+        else:
+            good = abs(o - r) <= tol.get(key, tol.get("rel", 0.01)) * abs(r)
+        if not good:
+            failures.append(f"{key}: reference {r}, servesim {o}")
+    return failures
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_matches_reference(name: str, shared_dir: Path, tmp_path: Path) -> None:
+    """servesim's summary is within the scenario tolerance of the reference's."""
+    sc = json.loads((HERE / f"{name}.scenario.json").read_text())
+    ref = json.loads((HERE / f"{name}.summary.json").read_text())["summary"]
+    report = tmp_path / "report.json"
+    assert main(scenario_argv(sc, shared_dir, tmp_path, report)) == 0
+    ours = json.loads(report.read_text())["summary"]
+    assert compare(sc, ref, ours) == []
+
+
+def test_two_runs_are_byte_identical_but_for_wall_time(shared_dir: Path, tmp_path: Path) -> None:
+    """Same inputs give the same report, except the host wall-time fields."""
+    sc = json.loads((HERE / "agg_rr_pressure.scenario.json").read_text())
+    texts = []
+    for i in range(2):
+        report = tmp_path / f"r{i}.json"
+        jsonl = tmp_path / f"r{i}.jsonl"
+        assert (
+            main(
+                [
+                    *scenario_argv(sc, shared_dir, tmp_path, report),
+                    "--per-request-jsonl",
+                    str(jsonl),
+                ]
+            )
+            == 0
+        )
+        summary = json.loads(report.read_text())["summary"]
+        for key in ("wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"):
+            summary.pop(key)
+        texts.append((json.dumps(summary, sort_keys=True), jsonl.read_bytes()))
+    assert texts[0] == texts[1]

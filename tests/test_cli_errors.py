@@ -1,0 +1,298 @@
+"""Bad input to ``servesim replay``: one clear message, exit code 2, no report files left behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servesim.cli import main
+
+GOOD_ROW: dict[str, Any] = {
+    "timestamp": 0,
+    "input_length": 100,
+    "output_length": 5,
+    "hash_ids": [1],
+}
+SYNTHETIC = ["--input-tokens", "100", "--output-tokens", "5", "--request-count", "3"]
+
+
+def _outputs(tmp_path: Path) -> tuple[Path, Path]:
+    return tmp_path / "report.json", tmp_path / "requests.jsonl"
+
+
+def _run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """Run the CLI with report outputs in ``tmp_path``; return (exit code, stderr)."""
+    report, records = _outputs(tmp_path)
+    argv = ["replay", *args, "--report-json", str(report), "--per-request-jsonl", str(records)]
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+def _fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str, expect: list[str]
+) -> str:
+    """Assert the run exits 2 with one message holding every ``expect`` text and no files."""
+    code, err = _run(tmp_path, capsys, *args)
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert err.count("servesim: error:") == 1, err
+    for text in expect:
+        assert text in err, f"{text!r} not in {err!r}"
+    for path in _outputs(tmp_path):
+        assert not path.exists(), path
+    return err
+
+
+def _trace(tmp_path: Path, *lines: str | dict[str, Any]) -> Path:
+    """Write a JSONL trace whose lines are raw strings or objects."""
+    path = tmp_path / "trace.jsonl"
+    text = "".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln in lines)
+    path.write_text(text)
+    return path
+
+
+def _row(**changes: Any) -> dict[str, Any]:
+    row = {**GOOD_ROW, **changes}
+    return {k: v for k, v in row.items() if v is not None}
+
+
+# --- trace problems -------------------------------------------------------------------------
+
+
+def test_malformed_json_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A line that is not JSON is reported with the file and its 1-based line number."""
+    trace = _trace(tmp_path, GOOD_ROW, '{"timestamp": 1, "hash_ids": [2')
+    _fails(tmp_path, capsys, str(trace), expect=[f"{trace}:2", "invalid JSON"])
+
+
+def test_missing_hash_ids(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A row without ``hash_ids`` names the field and its line."""
+    trace = _trace(tmp_path, GOOD_ROW, _row(hash_ids=None))
+    _fails(tmp_path, capsys, str(trace), expect=[f"{trace}:2", "hash_ids"])
+
+
+def test_missing_output_length(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A row without ``output_length`` names the field and its line."""
+    trace = _trace(tmp_path, _row(output_length=None))
+    _fails(tmp_path, capsys, str(trace), expect=[f"{trace}:1", "output_length"])
+
+
+def test_negative_input_length(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A negative ``input_length`` is rejected with the field, value and line."""
+    trace = _trace(tmp_path, _row(input_length=-5))
+    _fails(tmp_path, capsys, str(trace), expect=[f"{trace}:1", "input_length", "-5"])
+
+
+def test_non_numeric_output_length(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A string ``output_length`` is rejected with the field, value and line."""
+    trace = _trace(tmp_path, GOOD_ROW, _row(output_length="ten"))
+    _fails(tmp_path, capsys, str(trace), expect=[f"{trace}:2", "output_length", "'ten'"])
+
+
+def test_hash_ids_too_short(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two hash ids cannot cover 2000 input tokens at trace block size 512."""
+    trace = _trace(tmp_path, _row(input_length=2000, hash_ids=[1, 2]))
+    _fails(
+        tmp_path,
+        capsys,
+        str(trace),
+        "--trace-block-size",
+        "512",
+        expect=[f"{trace}:1", "input_length 2000", "capacity 1024"],
+    )
+
+
+def test_delay_on_first_turn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``delay`` on the first row of a session is rejected, naming the session and line."""
+    trace = _trace(
+        tmp_path,
+        GOOD_ROW,
+        _row(session_id="s1", delay=100),
+        _row(session_id="s1", timestamp=None, delay=50, hash_ids=[3]),
+    )
+    _fails(tmp_path, capsys, str(trace), expect=[f"{trace}:2", "delay", "first turn", "s1"])
+
+
+def test_missing_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace path that does not exist is named in the message."""
+    missing = tmp_path / "nope.jsonl"
+    _fails(tmp_path, capsys, str(missing), expect=["not found", str(missing)])
+
+
+# --- engine args ----------------------------------------------------------------------------
+
+
+def test_unknown_engine_key_inline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown key in inline ``--extra-engine-args`` is named."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--extra-engine-args",
+        '{"bogus_key": 1}',
+        expect=["--extra-engine-args", "unknown engine key 'bogus_key'"],
+    )
+
+
+def test_unknown_engine_key_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown key in an ``@file`` of ``--extra-engine-args`` is named."""
+    args = tmp_path / "engine.json"
+    args.write_text('{"bogus_key": 1}')
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--extra-engine-args",
+        f"@{args}",
+        expect=["unknown engine key 'bogus_key'"],
+    )
+
+
+def test_engine_args_invalid_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Inline ``--extra-engine-args`` that is not JSON is reported as invalid JSON."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--extra-engine-args",
+        '{"block_size": ',
+        expect=["--extra-engine-args", "invalid JSON"],
+    )
+
+
+def test_engine_args_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing ``@file`` for ``--extra-engine-args`` names the file."""
+    missing = tmp_path / "missing.json"
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--extra-engine-args",
+        f"@{missing}",
+        expect=["--extra-engine-args", str(missing)],
+    )
+
+
+def test_unsupported_feature_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A key of a feature servesim does not simulate yet is named as unsupported."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--extra-engine-args",
+        '{"kv_transfer_bandwidth": 10}',
+        expect=["'kv_transfer_bandwidth'", "not supported"],
+    )
+
+
+def test_negative_block_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A negative ``block_size`` names the key and value."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--extra-engine-args",
+        '{"block_size": -1}',
+        expect=["'block_size'", "-1"],
+    )
+
+
+def test_bad_preemption_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown ``preemption_mode`` names the key, the value and the allowed choices."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--extra-engine-args",
+        '{"preemption_mode": "random"}',
+        expect=["'preemption_mode'", "'random'", "'lifo'"],
+    )
+
+
+# --- flags ----------------------------------------------------------------------------------
+
+
+def test_negative_request_rate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A negative ``--request-rate`` names the flag."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--request-rate",
+        "-1",
+        expect=["--request-rate", "greater than 0", "-1"],
+    )
+
+
+@pytest.mark.parametrize("workers", ["0", "-2"])
+def test_bad_num_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str], workers: str) -> None:
+    """A zero or negative ``--num-workers`` names the flag and value."""
+    _fails(
+        tmp_path, capsys, *SYNTHETIC, "--num-workers", workers, expect=["--num-workers", workers]
+    )
+
+
+def test_trace_with_synthetic_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace together with ``--input-tokens`` is a conflict."""
+    trace = _trace(tmp_path, GOOD_ROW)
+    _fails(tmp_path, capsys, str(trace), "--input-tokens", "100", expect=["not both"])
+
+
+def test_rate_with_interval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--request-rate`` and ``--arrival-interval-ms`` together are a conflict."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--request-rate",
+        "5",
+        "--arrival-interval-ms",
+        "10",
+        expect=["--request-rate", "--arrival-interval-ms"],
+    )
+
+
+def test_synthetic_missing_request_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Synthetic replay without ``--request-count`` names the missing flag."""
+    _fails(
+        tmp_path,
+        capsys,
+        "--input-tokens",
+        "100",
+        "--output-tokens",
+        "5",
+        expect=["missing --request-count"],
+    )
+
+
+def test_request_rate_with_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--request-rate`` does not apply to trace replay."""
+    trace = _trace(tmp_path, GOOD_ROW)
+    _fails(
+        tmp_path,
+        capsys,
+        str(trace),
+        "--request-rate",
+        "5",
+        expect=["--request-rate", "synthetic"],
+    )
+
+
+# --- the happy path -------------------------------------------------------------------------
+
+
+def test_valid_tiny_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Three synthetic requests run to completion and write both report files."""
+    code, err = _run(tmp_path, capsys, *SYNTHETIC, "--quiet")
+    assert code == 0, err
+    report, records = _outputs(tmp_path)
+    assert "summary" in json.loads(report.read_text())
+    assert len(records.read_text().splitlines()) == 3
