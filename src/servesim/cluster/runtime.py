@@ -60,6 +60,10 @@ class Runtime:
             tuple[float, int]
         ] = []  # (end, worker id): one pass per worker at most
         self._pending: dict[int, list[tuple[int, PassResult]]] = {}
+        # Workers whose state changed since they last tried to start a pass (a
+        # submit or a pass end): only they can start one, so the settle loop
+        # never scans idle workers.
+        self._wakeable: set[int] = set()
         self._records: dict[int, RequestRecord] = {}
         self._released: dict[int, Released] = {}
         self._terminals = 0
@@ -105,6 +109,7 @@ class Runtime:
         while completions and completions[0][0] == now:
             _, worker_id = heapq.heappop(completions)
             self.workers[worker_id].finish_pass()
+            self._wakeable.add(worker_id)
             self._deliver(self._pending.pop(worker_id), now)
             changed = True
         return changed
@@ -127,11 +132,17 @@ class Runtime:
             records[record.uid] = record
             self._released[record.uid] = item
             self.workers[worker].submit(rank, request)
+            self._wakeable.add(worker)
         return bool(released)
 
     def _start_passes(self, now: float) -> bool:
+        if not self._wakeable:
+            return False
         started = False
-        for worker in self.workers:
+        wakeable = sorted(self._wakeable)  # lowest worker id first
+        self._wakeable.clear()
+        for worker_id in wakeable:
+            worker = self.workers[worker_id]
             if not worker.can_start():
                 continue
             end, results = worker.start_pass(now)
@@ -140,10 +151,11 @@ class Runtime:
             started = True
             self._on_pass_start(results, now)
             if end > now:
-                self._pending[worker.worker_id] = results
-                heapq.heappush(self._completions, (end, worker.worker_id))
+                self._pending[worker_id] = results
+                heapq.heappush(self._completions, (end, worker_id))
             else:
                 worker.finish_pass()
+                self._wakeable.add(worker_id)
                 self._deliver(results, now)
         return started
 

@@ -20,7 +20,7 @@ evicted. Nothing is emitted on release or on a prefix hit.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 BlockId = int
@@ -57,8 +57,10 @@ class BlockPool:
         self._hash: list[BlockHash | None] = [None] * capacity
         self._refs: list[int] = [0] * capacity
         self._by_hash: dict[BlockHash, list[BlockId]] = {}
-        # Insertion-ordered dict as an O(1)-removal LRU: oldest inactive block first.
-        self._lru: dict[BlockId, None] = {}
+        # Oldest inactive block first; O(1) removal from the middle and from the head.
+        # (A plain dict would do the first, but finding its head after many deletions
+        # scans the holes they leave: quadratic over a long run.)
+        self._lru: OrderedDict[BlockId, None] = OrderedDict()
 
     # ----- counts -----
 
@@ -208,8 +210,7 @@ class BlockPool:
         return copies[0]
 
     def _evict_oldest(self) -> None:
-        block = next(iter(self._lru))
-        del self._lru[block]
+        block, _ = self._lru.popitem(last=False)
         h = self._hash[block]
         assert h is not None
         copies = self._by_hash[h]
