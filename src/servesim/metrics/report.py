@@ -96,6 +96,8 @@ _STATS = ("mean", "min", "max", "p99", "p90", "p75", "std")
 def _fmt(value: Any) -> str:
     if value is None:
         return "N/A"
+    if isinstance(value, int):
+        return f"{value:,}"
     return f"{value:,.2f}"
 
 
