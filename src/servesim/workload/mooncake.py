@@ -8,7 +8,7 @@ for ``trace_block_size`` copies of one token; a hash id gets a dense token id
 in order of first appearance, so equal ids mean equal blocks.
 
 Rows sharing a ``session_id`` are the turns of one session, in file order;
-rows without one are one-turn sessions.
+a row without one is a one-turn session named ``request_<line>``.
 """
 
 from __future__ import annotations
@@ -159,7 +159,10 @@ def read_mooncake(path: Path, *, trace_block_size: int, need_timestamps: bool) -
     cache = BlockContentCache()
     sessions: dict[str, list[_Row]] = {}
     for row in _read_rows(path, trace_block_size, cache):
-        key = row.spec.session_id if row.spec.session_id is not None else f"request_{row.line}"
+        if row.spec.session_id is None:
+            # A row without a session is a one-turn session of its own, named as the reference names it.
+            row.spec.session_id = f"request_{row.line}"
+        key = row.spec.session_id
         sessions.setdefault(key, []).append(row)
     if not sessions:
         raise TraceError(f"trace file {path} did not contain any requests")
@@ -179,8 +182,7 @@ def _session(path: Path, key: str, rows: list[_Row], need_timestamps: bool) -> S
         raise TraceError(f"{where}: timestamp must be non-negative, got {first.timestamp}")
     last_ts = first.timestamp
     for k, row in enumerate(rows):
-        if row.spec.session_id is not None:
-            row.spec.turn_index = k
+        row.spec.turn_index = k
         if k == 0:
             continue
         if row.delay is not None:
