@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--extra-engine-args", metavar="JSON", help="engine keys as inline JSON or @file"
     )
+    c.add_argument(
+        "--exact-passes",
+        action="store_true",
+        help="step every engine pass as its own event (no decode fast-forward; same results, slower)",
+    )
     o = p.add_argument_group("report")
     o.add_argument("--sla-ttft-ms", type=_non_negative, help="goodput bound on TTFT")
     o.add_argument(
@@ -167,6 +172,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         if args.max_sim_time_seconds is None
         else args.max_sim_time_seconds * 1000.0,
         seed=args.seed,
+        exact_passes=args.exact_passes,
     )
 
 

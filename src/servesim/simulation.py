@@ -37,6 +37,9 @@ class RunConfig:
     """Everything one replay needs.
 
     Exactly one of ``trace`` and ``synthetic`` describes the workload.
+    ``exact_passes`` steps every engine pass as its own event instead of
+    fast-forwarding decode-only stretches (same results, slower; the oracle
+    fast-forward is tested against).
     """
 
     trace: Path | None = None
@@ -50,6 +53,7 @@ class RunConfig:
     sla: Sla = field(default_factory=Sla)
     max_sim_time_ms: float | None = None
     seed: int = 42
+    exact_passes: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,7 +105,10 @@ def run(config: RunConfig, *, progress: Callable[[int], None] | None = None) -> 
     admission = AdmissionQueue(
         sessions, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
     )
-    workers = [Worker(i, config.engine) for i in range(config.num_workers)]
+    workers = [
+        Worker(i, config.engine, fast_forward=not config.exact_passes)
+        for i in range(config.num_workers)
+    ]
     router = RoundRobinRouter([config.engine.dp_size] * config.num_workers)
     collector = Collector()
     runtime = Runtime(workers, router, admission, collector, progress=progress)

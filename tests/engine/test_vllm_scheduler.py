@@ -8,7 +8,8 @@ from servesim.config import EngineConfig
 from servesim.engine.kv.block_pool import KvEvent, KvStored
 from servesim.engine.request import EngineRequest, Status
 from servesim.engine.timing import PolynomialTiming
-from servesim.engine.vllm import VllmScheduler, pass_duration
+from servesim.engine.timing import pass_duration
+from servesim.engine.vllm import VllmScheduler
 from servesim.workload.request import BlockContentCache, TracePrompt
 
 

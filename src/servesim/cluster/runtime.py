@@ -19,8 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from servesim.engine.request import EngineRequest
-from servesim.engine.vllm import PassResult
-from servesim.engine.worker import Worker
+from servesim.engine.worker import PassOutputs, Worker
 from servesim.errors import SimulationError
 from servesim.metrics.collector import Collector, RequestRecord, Terminal
 from servesim.router.round_robin import RoundRobinRouter
@@ -56,10 +55,8 @@ class Runtime:
         self.now = 0.0
         self.worker_seconds = 0.0
         self._progress = progress
-        self._completions: list[
-            tuple[float, int]
-        ] = []  # (end, worker id): one pass per worker at most
-        self._pending: dict[int, list[tuple[int, PassResult]]] = {}
+        # (end, worker id); an entry whose worker is no longer busy until that end is stale.
+        self._completions: list[tuple[float, int]] = []
         # Workers whose state changed since they last tried to start a pass (a
         # submit or a pass end): only they can start one, so the settle loop
         # never scans idle workers.
@@ -79,6 +76,7 @@ class Runtime:
             if upcoming == math.inf:
                 break
             if max_sim_time_ms is not None and upcoming > max_sim_time_ms:
+                self._apply_windows_up_to(max_sim_time_ms)
                 return RunOutcome(final_ms=self.now, time_limited=True)
             # Cost integrates the provisioned workers over each clock advance, step by step.
             self.worker_seconds += (upcoming - self.now) / 1000.0 * len(self.workers)
@@ -104,13 +102,15 @@ class Runtime:
                 return
 
     def _apply_completions(self, now: float) -> bool:
-        completions = self._completions
+        completions, workers = self._completions, self.workers
         changed = False
         while completions and completions[0][0] == now:
             _, worker_id = heapq.heappop(completions)
-            self.workers[worker_id].finish_pass()
+            worker = workers[worker_id]
+            if worker.busy_until != now:
+                continue  # stale: its fast-forward window was cut to end earlier
             self._wakeable.add(worker_id)
-            self._deliver(self._pending.pop(worker_id), now)
+            self._deliver(worker.finish_pass(), now)
             changed = True
         return changed
 
@@ -126,13 +126,15 @@ class Runtime:
                 spec.session_id,
                 spec.turn_index,
             )
-            worker, rank = self.router.place()
-            collector.on_route(record, worker, rank)
+            worker_id, rank = self.router.place()
+            collector.on_route(record, worker_id, rank)
             request = EngineRequest(record.uid, spec.prompt, spec.output_length)
             records[record.uid] = record
             self._released[record.uid] = item
-            self.workers[worker].submit(rank, request)
-            self._wakeable.add(worker)
+            cut_end = self.workers[worker_id].submit(rank, request, now)
+            if cut_end is not None:
+                heapq.heappush(self._completions, (cut_end, worker_id))
+            self._wakeable.add(worker_id)
         return bool(released)
 
     def _start_passes(self, now: float) -> bool:
@@ -141,41 +143,46 @@ class Runtime:
         started = False
         wakeable = sorted(self._wakeable)  # lowest worker id first
         self._wakeable.clear()
+        records, on_admit = self._records, self.collector.on_admit
         for worker_id in wakeable:
             worker = self.workers[worker_id]
             if not worker.can_start():
                 continue
-            end, results = worker.start_pass(now)
-            if not results:
+            begun = worker.start_pass(now)
+            if begun is None:
                 continue
             started = True
-            self._on_pass_start(results, now)
+            end, admitted = begun
+            for request, reused in admitted:
+                on_admit(records[request.uid], now, reused)
             if end > now:
-                self._pending[worker_id] = results
                 heapq.heappush(self._completions, (end, worker_id))
             else:
-                worker.finish_pass()
                 self._wakeable.add(worker_id)
-                self._deliver(results, now)
+                self._deliver(worker.finish_pass(), now)
         return started
+
+    def _apply_windows_up_to(self, limit: float) -> None:
+        """At a time cap, make visible the fast-forwarded passes that end by ``limit``."""
+        for worker in self.workers:
+            if worker.in_window and worker.cut_window(limit) is not None:
+                assert worker.busy_until is not None
+                end = worker.busy_until
+                self._deliver(worker.finish_pass(), end)
 
     # ----- pass effects -----
 
-    def _on_pass_start(self, results: list[tuple[int, PassResult]], now: float) -> None:
-        records, on_admit = self._records, self.collector.on_admit
-        for _, result in results:
-            for request, reused in result.admitted:
-                on_admit(records[request.uid], now, reused)
-
-    def _deliver(self, results: list[tuple[int, PassResult]], now: float) -> None:
-        records, on_token = self._records, self.collector.on_token
-        for _, result in results:
-            for request in result.emitted:
-                on_token(records[request.uid], now)
-            for request in result.finished:
-                self._end(request.uid, now, Terminal.COMPLETED)
-            for request in result.rejected:
-                self._end(request.uid, now, Terminal.REJECTED)
+    def _deliver(self, outputs: PassOutputs, now: float) -> None:
+        records, collector = self._records, self.collector
+        on_token = collector.on_token
+        for request in outputs.emitted:
+            on_token(records[request.uid], now)
+        for requests, times in outputs.streams:
+            collector.on_token_stream([records[r.uid] for r in requests], times)
+        for request in outputs.finished:
+            self._end(request.uid, now, Terminal.COMPLETED)
+        for request in outputs.rejected:
+            self._end(request.uid, now, Terminal.REJECTED)
 
     def _end(self, uid: int, now: float, terminal: Terminal) -> None:
         record = self._records.pop(uid)

@@ -29,6 +29,15 @@ class TimingModel(Protocol):
         """Decode time of one step over ``batch`` requests holding ``active_kv_tokens`` in total."""
         ...
 
+    def decode_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
+        """Decode times of ``passes`` consecutive steps over a fixed batch.
+
+        Step j prices ``first_total + j * batch`` context tokens (each request
+        grows by one token a step); every element equals what
+        :meth:`decode_ms` returns for that step, to the last bit.
+        """
+        ...
+
 
 class PolynomialTiming:
     """The reference's default fitted polynomials.
@@ -58,6 +67,14 @@ class PolynomialTiming:
             return 0.0
         p = active_kv_tokens * self._inv_total if self._inv_total else 1.0
         return max(-25.74 * p * p + 54.01 * p + 5.74, 1.0) / self._decode_div
+
+    def decode_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
+        """See :class:`TimingModel`; the same operations as :meth:`decode_ms`, element-wise."""
+        totals = np.arange(passes, dtype=np.float64) * batch + first_total
+        if not self._inv_total:
+            return np.full(passes, max(-25.74 + 54.01 + 5.74, 1.0) / self._decode_div)
+        p = totals * self._inv_total
+        return np.maximum(-25.74 * p * p + 54.01 * p + 5.74, 1.0) / self._decode_div
 
 
 class InterpolatedTiming:
@@ -110,6 +127,13 @@ class InterpolatedTiming:
         bottom = g[i + 1, j] + (g[i + 1, j + 1] - g[i + 1, j]) * fj
         return max(float(top + (bottom - top) * fi), 1.0) / self._decode_div
 
+    def decode_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
+        """See :class:`TimingModel` (one bilinear lookup per step)."""
+        totals = range(first_total, first_total + passes * batch, batch)
+        return np.fromiter(
+            (self.decode_ms(batch, t, t // batch) for t in totals), np.float64, passes
+        )
+
 
 def _segment(axis: np.ndarray, x: float) -> tuple[int, float]:
     """Index of the axis segment used for x (edge segments extrapolate) and the fraction along it."""
@@ -122,6 +146,25 @@ def _segment(axis: np.ndarray, x: float) -> tuple[int, float]:
 def _interp1(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
     i, f = _segment(xs, x)
     return float(ys[i] + (ys[i + 1] - ys[i]) * f)
+
+
+def pass_duration(ms: float) -> float:
+    """A pass's duration as the reference's clock advances it: rounded to whole nanoseconds.
+
+    The reference converts each modelled duration to a nanosecond ``Duration``
+    (rounding half up) and back to float ms; matching that keeps pass ends,
+    and so same-instant ties with arrivals, identical to the last bit.
+    """
+    ns = int(ms * 1e6 + 0.5)
+    seconds, sub_ns = divmod(ns, 1_000_000_000)
+    return (seconds + sub_ns / 1e9) * 1000.0
+
+
+def pass_durations(ms: np.ndarray) -> np.ndarray:
+    """:func:`pass_duration` element-wise, with the same float operations."""
+    ns = np.floor(ms * 1e6 + 0.5).astype(np.int64)
+    seconds, sub_ns = np.divmod(ns, 1_000_000_000)
+    return (seconds.astype(np.float64) + sub_ns / 1e9) * 1000.0
 
 
 def make_timing(config: EngineConfig) -> TimingModel:

@@ -25,25 +25,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
+import numpy as np
+
 from servesim.config import EngineConfig
 from servesim.engine.kv.block_pool import BlockPool, KvEvent
 from servesim.engine.kv.hashing import chain, chain_all, generated_block_hash
 from servesim.engine.request import EngineRequest, Status
-from servesim.engine.timing import TimingModel
+from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
 _UNBOUNDED = 1 << 62
-
-
-def pass_duration(ms: float) -> float:
-    """A pass's duration as the reference's clock advances it: rounded to whole nanoseconds.
-
-    The reference converts each modelled duration to a nanosecond ``Duration``
-    (rounding half up) and back to float ms; matching that keeps pass ends,
-    and so same-instant ties with arrivals, identical to the last bit.
-    """
-    ns = int(ms * 1e6 + 0.5)
-    seconds, sub_ns = divmod(ns, 1_000_000_000)
-    return (seconds + sub_ns / 1e9) * 1000.0
 
 
 class _Outcome(Enum):
@@ -73,6 +63,21 @@ class PassResult:
     rejected: list[EngineRequest] = field(default_factory=list)
     preempted: list[EngineRequest] = field(default_factory=list)
     progressed: bool = False
+
+
+@dataclass(slots=True, kw_only=True)
+class DecodePlan:
+    """A rank's next passes when they are decode-only over a fixed running set.
+
+    Attributes:
+        requests: the running requests, in running order.
+        lengths: their sequence lengths before the first planned pass.
+        durations: each planned pass's duration (ms, as the clock advances).
+    """
+
+    requests: list[EngineRequest]
+    lengths: list[int]
+    durations: np.ndarray
 
 
 class VllmScheduler:
@@ -123,6 +128,85 @@ class VllmScheduler:
         result.end_ms = self._emit(now)
         result.progressed = bool(self._scheduled or result.finished or result.rejected)
         return result
+
+    # ----- decode fast-forward -----
+
+    def plan_decode(self, limit: int) -> DecodePlan | None:
+        """Plan up to ``limit`` passes that would each be one decode step for every running request.
+
+        That holds while nothing waits, every running request is decoding,
+        the token budget covers them all and the pool can give each block
+        boundary a block without preempting. The plan stops at the pass in
+        which the first request finishes. Returns None when fewer than two
+        passes qualify (a normal pass is then as cheap).
+        """
+        running = self.running
+        if self.waiting or not running or len(running) > self._max_tokens:
+            return None
+        max_len = self.config.max_model_len
+        passes = limit
+        lengths = []
+        for request in running:
+            length = request.prompt_len + request.generated
+            if request.generated == 0 or request.num_computed != length - 1:
+                return None
+            passes = min(passes, request.max_output - request.generated)
+            if max_len is not None:
+                passes = min(passes, max_len - length)
+            lengths.append(length)
+        passes = min(passes, self._passes_with_blocks(lengths, passes))
+        if passes < 2:
+            return None
+        n = len(running)
+        durations = pass_durations(self.timing.decode_series(n, sum(lengths), passes))
+        return DecodePlan(requests=list(running), lengths=lengths, durations=durations)
+
+    def _passes_with_blocks(self, lengths: list[int], passes: int) -> int:
+        """How many of the next ``passes`` passes the pool can supply new blocks for without preempting."""
+        spare = self.pool.num_free + self.pool.num_inactive
+        bs = self.block_size
+        # Pass j needs a block for a request of length L when L + j - 1 is a multiple of bs.
+        needs = sorted(j for length in lengths for j in range((1 - length) % bs, passes, bs))
+        return passes if len(needs) <= spare else needs[spare]
+
+    def commit_decode(self, plan: DecodePlan, passes: int) -> list[EngineRequest]:
+        """Apply the first ``passes`` passes of ``plan``, as pass-by-pass stepping would.
+
+        Blocks are allocated and cached in the same order (pass by pass, in
+        running order), so block ids, evictions and KV events are identical.
+
+        Returns:
+            The requests that finished in the last applied pass.
+        """
+        bs = self.block_size
+        pool = self.pool
+        steps = []
+        for i, length in enumerate(plan.lengths):
+            steps += [(j, i, True) for j in range((1 - length) % bs, passes, bs)]
+            if self._caching:
+                steps += [(j, i, False) for j in range((-length) % bs, passes, bs)]
+        steps.sort()
+        for j, i, allocate in steps:
+            request = plan.requests[i]
+            if allocate:
+                ok = pool.allocate(request.blocks, [], 1)
+                assert ok, "decode plan outran the pool"
+            else:
+                full = (plan.lengths[i] + j) // bs
+                self._ensure_hashes(request, full)
+                pool.cache(request.blocks, request.hashes, full - 1, full)
+        finished = []
+        max_len = self.config.max_model_len
+        for request, length in zip(plan.requests, plan.lengths, strict=True):
+            request.generated += passes
+            request.num_computed = length + passes - 1
+            if request.generated >= request.max_output or (
+                max_len is not None and request.length >= max_len
+            ):
+                finished.append(request)
+        for request in finished:
+            self._finish(request)
+        return finished
 
     # ----- scheduling -----
 
@@ -302,6 +386,7 @@ class VllmScheduler:
                 self.config.max_model_len is not None
                 and request.length >= self.config.max_model_len
             ):
+                result.finished.append(request)
                 self._finish(request)
         return end
 
@@ -309,19 +394,19 @@ class VllmScheduler:
         self.pool.release(request.blocks)
         request.status = Status.FINISHED
         self.running.remove(request)
-        self._result.finished.append(request)
 
     def _ensure_hashes(self, request: EngineRequest, num_blocks: int) -> None:
-        """Extend ``request.hashes`` to the sequence hashes of its first ``num_blocks`` full blocks."""
+        """Extend ``request.hashes`` to cover at least its first ``num_blocks`` full blocks.
+
+        The prompt's blocks are hashed all at once on first need (one pass
+        over the prompt); blocks holding generated tokens are added one by one.
+        """
         hashes = request.hashes
-        have = len(hashes)
-        if have >= num_blocks:
+        if len(hashes) >= num_blocks:
             return
         bs = self.block_size
-        prompt_full = request.prompt_len // bs
-        if have < prompt_full:
-            locals_ = request.prompt.block_hashes(bs)[have : min(num_blocks, prompt_full)]
-            hashes.extend(chain_all(locals_, hashes[-1] if hashes else None))
+        if not hashes and request.prompt_len >= bs:
+            hashes.extend(chain_all(request.prompt.block_hashes(bs)))
         for j in range(len(hashes), num_blocks):
             parent = hashes[-1] if hashes else None
             hashes.append(chain(parent, generated_block_hash(request.salt, j)))

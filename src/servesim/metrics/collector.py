@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+import numpy as np
+
 from servesim.metrics.stats import GapSketch
 
 
@@ -116,6 +118,30 @@ class Collector:
                 record.second_token_ms = now
         record.last_token_ms = now
         record.num_tokens += 1
+
+    def on_token_stream(self, records: list[RequestRecord], times: np.ndarray) -> None:
+        """Each request got one token at each of ``times`` (fast-forwarded passes).
+
+        Every request already has a token, so its gaps are its own first gap
+        (from its last token) then the gaps between ``times``, which all of
+        them share: those go into the sketches once, weighted.
+        """
+        first = float(times[0])
+        for record in records:
+            last = record.last_token_ms
+            assert last is not None, "fast-forward starts after the first token"
+            gap = first - last
+            self.itl.add(gap)
+            if gap > 0.0:
+                self.per_user.add(1000.0 / gap)
+            if record.num_tokens == 1:
+                record.second_token_ms = first
+            record.last_token_ms = float(times[-1])
+            record.num_tokens += len(times)
+        if len(times) > 1:
+            shared = np.diff(times)
+            self.itl.add_many(shared, weight=len(records))
+            self.per_user.add_many(1000.0 / shared[shared > 0.0], weight=len(records))
 
     @staticmethod
     def on_terminal(record: RequestRecord, now: float, terminal: Terminal) -> None:

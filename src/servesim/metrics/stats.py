@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 STAT_NAMES = ("mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std")
 _PERCENTILES = (("median", 50.0), ("p75", 75.0), ("p90", 90.0), ("p95", 95.0), ("p99", 99.0))
 
@@ -99,6 +101,29 @@ class GapSketch:
         key = math.ceil(math.log(value) * self._inv_ln_gamma)
         buckets = self._buckets
         buckets[key] = buckets.get(key, 0) + 1
+
+    def add_many(self, values: np.ndarray, *, weight: int = 1) -> None:
+        """Record each of ``values`` ``weight`` times (moments merge by Chan et al.'s parallel update)."""
+        if len(values) == 0:
+            return
+        n = len(values) * weight
+        total = self.count + n
+        mean_b = float(values.mean())
+        m2_b = float(((values - mean_b) ** 2).sum()) * weight
+        delta = mean_b - self.mean
+        self._m2 += m2_b + delta * delta * self.count * n / total
+        self.mean += delta * n / total
+        self.count = total
+        self.min = min(self.min, float(values.min()))
+        self.max = max(self.max, float(values.max()))
+        positive = values[values >= self._min_indexable]
+        self.zeros += (len(values) - len(positive)) * weight
+        keys, counts = np.unique(
+            np.ceil(np.log(positive) * self._inv_ln_gamma).astype(np.int64), return_counts=True
+        )
+        buckets = self._buckets
+        for key, count in zip(keys.tolist(), counts.tolist(), strict=True):
+            buckets[key] = buckets.get(key, 0) + count * weight
 
     def quantile(self, p: float) -> float:
         """Sketched value at percentile ``p``."""

@@ -47,8 +47,16 @@ class TracePrompt:
     def block_hashes(self, block_size: int) -> list[int]:
         """See :class:`~servesim.engine.request.Prompt`."""
         tbs, tokens, local_hash = self._trace_block_size, self._tokens, self._cache.local_hash
+        num_blocks = self.length // block_size
+        if tbs % block_size == 0:
+            # Each engine block lies inside one trace block: one run of one token.
+            per_id = tbs // block_size
+            out = []
+            for token in tokens:
+                out += [local_hash(((token, block_size),))] * per_id
+            return out[:num_blocks]
         out = []
-        for j in range(self.length // block_size):
+        for j in range(num_blocks):
             start, end = j * block_size, (j + 1) * block_size
             runs = []
             pos = start
