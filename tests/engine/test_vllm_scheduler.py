@@ -7,8 +7,7 @@ import pytest
 from servesim.config import EngineConfig
 from servesim.engine.kv.block_pool import KvEvent, KvStored
 from servesim.engine.request import EngineRequest, Status
-from servesim.engine.timing import PolynomialTiming
-from servesim.engine.timing import pass_duration
+from servesim.engine.timing import PolynomialTiming, pass_duration
 from servesim.engine.vllm import VllmScheduler
 from servesim.workload.request import BlockContentCache, TracePrompt
 

@@ -49,7 +49,10 @@ def test_fast_forward_matches_exact_passes(path: Path, shared_dir: Path, tmp_pat
     sc = json.loads(path.read_text())
     if "timing_model" in sc.get("engine", {}):
         timing = sc["engine"]["timing_model"]
-        sc["engine"]["timing_model"] = {"type": "interpolated", "path": str(shared_dir / timing["config"]["path"])}
+        sc["engine"]["timing_model"] = {
+            "type": "interpolated",
+            "path": str(shared_dir / timing["config"]["path"]),
+        }
     argv = scenario_argv(sc, shared_dir, tmp_path, tmp_path / "report.json")
     fast = records(argv, tmp_path / "fast.jsonl")
     exact = records([*argv, "--exact-passes"], tmp_path / "exact.jsonl")
