@@ -61,6 +61,8 @@ class GapSketch:
         "_m2",
         "_mid",
         "_min_indexable",
+        "_pending",
+        "_pending_size",
         "count",
         "max",
         "mean",
@@ -78,6 +80,8 @@ class GapSketch:
             math.exp(-(2.0**31) / self._inv_ln_gamma + 1.0), 2.2250738585072014e-308 * gamma
         )
         self._buckets: dict[int, int] = {}
+        self._pending: list[tuple[np.ndarray, int]] = []
+        self._pending_size = 0
         self.count = 0
         self.zeros = 0
         self.mean = 0.0
@@ -103,30 +107,49 @@ class GapSketch:
         buckets[key] = buckets.get(key, 0) + 1
 
     def add_many(self, values: np.ndarray, *, weight: int = 1) -> None:
-        """Record each of ``values`` ``weight`` times (moments merge by Chan et al.'s parallel update)."""
-        if len(values) == 0:
+        """Record each of ``values`` ``weight`` times.
+
+        Batches are buffered and folded in together (numpy's per-call cost
+        dominates small batches); moments merge by Chan et al.'s parallel update.
+        """
+        if len(values):
+            self._pending.append((values, weight))
+            self._pending_size += len(values)
+            if self._pending_size >= 1 << 16:
+                self._fold()
+
+    def _fold(self) -> None:
+        if not self._pending:
             return
-        n = len(values) * weight
+        values = np.concatenate([v for v, _ in self._pending])
+        weights = np.repeat(
+            np.array([w for _, w in self._pending], dtype=np.float64),
+            [len(v) for v, _ in self._pending],
+        )
+        self._pending.clear()
+        self._pending_size = 0
+        n = float(weights.sum())
         total = self.count + n
-        mean_b = float(values.mean())
-        m2_b = float(((values - mean_b) ** 2).sum()) * weight
+        mean_b = float((values * weights).sum() / n)
+        m2_b = float((weights * (values - mean_b) ** 2).sum())
         delta = mean_b - self.mean
         self._m2 += m2_b + delta * delta * self.count * n / total
         self.mean += delta * n / total
-        self.count = total
+        self.count = int(total)
         self.min = min(self.min, float(values.min()))
         self.max = max(self.max, float(values.max()))
-        positive = values[values >= self._min_indexable]
-        self.zeros += (len(values) - len(positive)) * weight
-        keys, counts = np.unique(
-            np.ceil(np.log(positive) * self._inv_ln_gamma).astype(np.int64), return_counts=True
-        )
+        indexable = values >= self._min_indexable
+        self.zeros += int(weights[~indexable].sum())
+        keys = np.ceil(np.log(values[indexable]) * self._inv_ln_gamma).astype(np.int64)
+        unique, inverse = np.unique(keys, return_inverse=True)
+        counts = np.bincount(inverse, weights=weights[indexable])
         buckets = self._buckets
-        for key, count in zip(keys.tolist(), counts.tolist(), strict=True):
-            buckets[key] = buckets.get(key, 0) + count * weight
+        for key, count in zip(unique.tolist(), counts.tolist(), strict=True):
+            buckets[key] = buckets.get(key, 0) + round(count)
 
     def quantile(self, p: float) -> float:
         """Sketched value at percentile ``p``."""
+        self._fold()
         if self.count == 1:
             return self.min
         target = rank(self.count, p)
@@ -141,6 +164,7 @@ class GapSketch:
 
     def describe(self) -> dict[str, float]:
         """The same statistics as :func:`describe`, from the sketch."""
+        self._fold()
         n = self.count
         if n == 0:
             return dict.fromkeys(STAT_NAMES, 0.0)

@@ -131,13 +131,16 @@ class BlockPool:
                 del lru[block]
             refs[block] += 1
             table.append(block)
-        for _ in range(shortfall):
-            self._evict_oldest()
         free = self._free
-        for _ in range(num_new):
-            block = free.popleft()
+        if shortfall > 0:
+            # Evicted blocks join the free list's tail: the new blocks are the free ones, then them.
+            fresh = [*free, *self._evict_oldest(shortfall)]
+            free.clear()
+        else:
+            fresh = [free.popleft() for _ in range(num_new)]
+        for block in fresh:
             refs[block] = 1
-            table.append(block)
+        table.extend(fresh)
         return True
 
     def cache(self, table: list[BlockId], hashes: list[BlockHash], start: int, end: int) -> None:
@@ -149,6 +152,17 @@ class BlockPool:
         block_hash = self._hash
         by_hash = self._by_hash
         events = self.events
+        if events is None:
+            for i in range(start, end):
+                block = table[i]
+                if block_hash[block] is None:
+                    h = block_hash[block] = hashes[i]
+                    copies = by_hash.get(h)
+                    if copies is None:
+                        by_hash[h] = [block]
+                    else:
+                        copies.append(block)
+            return
         run: list[BlockHash] = []
         run_parent: BlockHash | None = None
         for i in range(start, end):
@@ -168,10 +182,10 @@ class BlockPool:
             else:
                 copies.append(block)
             if run:
-                events.append(KvStored(run_parent, tuple(run)))  # type: ignore[union-attr]
+                events.append(KvStored(run_parent, tuple(run)))
                 run = []
         if run:
-            events.append(KvStored(run_parent, tuple(run)))  # type: ignore[union-attr]
+            events.append(KvStored(run_parent, tuple(run)))
 
     def release(self, table: list[BlockId]) -> None:
         """Drop a request's references, last block first (so chain tails evict first)."""
@@ -209,15 +223,21 @@ class BlockPool:
                 return block
         return copies[0]
 
-    def _evict_oldest(self) -> None:
-        block, _ = self._lru.popitem(last=False)
-        h = self._hash[block]
-        assert h is not None
-        copies = self._by_hash[h]
-        copies.remove(block)
-        if not copies:
-            del self._by_hash[h]
-            if self.events is not None:
-                self.events.append(KvRemoved((h,)))
-        self._hash[block] = None
-        self._free.append(block)
+    def _evict_oldest(self, count: int) -> list[BlockId]:
+        """Evict ``count`` inactive blocks, oldest first; return their ids in that order."""
+        lru, block_hash, by_hash, events = self._lru, self._hash, self._by_hash, self.events
+        evicted = []
+        for _ in range(count):
+            block, _ = lru.popitem(last=False)
+            h = block_hash[block]
+            assert h is not None
+            copies = by_hash[h]
+            if len(copies) == 1:
+                del by_hash[h]
+                if events is not None:
+                    events.append(KvRemoved((h,)))
+            else:
+                copies.remove(block)
+            block_hash[block] = None
+            evicted.append(block)
+        return evicted

@@ -39,8 +39,9 @@ def chain(parent: int | None, local: int) -> int:
 def chain_all(locals_: Iterable[int], parent: int | None = None) -> list[int]:
     """Sequence hashes of consecutive blocks, starting after ``parent``."""
     out: list[int] = []
+    xxh3, pack = _xxh3, _pack_pair
     for local in locals_:
-        parent = local if parent is None else int(_xxh3(_pack_pair(parent, local), SEED))
+        parent = local if parent is None else xxh3(pack(parent, local), SEED)
         out.append(parent)
     return out
 
