@@ -17,10 +17,19 @@ class BlockContentCache:
     is a short run-length key such as ``((token, 64),)``.
     """
 
-    __slots__ = ("_hashes",)
+    __slots__ = ("_hashes", "_uniform")
 
     def __init__(self) -> None:
         self._hashes: dict[tuple[tuple[int, int], ...], int] = {}
+        self._uniform: dict[tuple[int, int], int] = {}
+
+    def uniform_hash(self, token: int, count: int) -> int:
+        """Hash of a block of ``count`` copies of one token (the common trace case)."""
+        key = (token, count)
+        h = self._uniform.get(key)
+        if h is None:
+            h = self._uniform[key] = hash_tokens(token.to_bytes(4, "little") * count)
+        return h
 
     def local_hash(self, runs: tuple[tuple[int, int], ...]) -> int:
         """Hash of a block made of ``count`` copies of each ``token``, in order."""
@@ -51,9 +60,10 @@ class TracePrompt:
         if tbs % block_size == 0:
             # Each engine block lies inside one trace block: one run of one token.
             per_id = tbs // block_size
+            uniform_hash = self._cache.uniform_hash
             out = []
             for token in tokens:
-                out += [local_hash(((token, block_size),))] * per_id
+                out += [uniform_hash(token, block_size)] * per_id
             return out[:num_blocks]
         out = []
         for j in range(num_blocks):

@@ -48,7 +48,16 @@ KvEvent = KvStored | KvRemoved
 class BlockPool:
     """Blocks of one rank: free list, cached copies by hash, LRU of inactive blocks."""
 
-    __slots__ = ("_by_hash", "_free", "_hash", "_lru", "_refs", "capacity", "events")
+    __slots__ = (
+        "_by_hash",
+        "_extra_copies",
+        "_free",
+        "_hash",
+        "_lru",
+        "_refs",
+        "capacity",
+        "events",
+    )
 
     def __init__(self, capacity: int, *, events: list[KvEvent] | None = None) -> None:
         self.capacity = capacity
@@ -56,7 +65,10 @@ class BlockPool:
         self._free: deque[BlockId] = deque(range(capacity))
         self._hash: list[BlockHash | None] = [None] * capacity
         self._refs: list[int] = [0] * capacity
-        self._by_hash: dict[BlockHash, list[BlockId]] = {}
+        # First copy of each visible hash; further copies (rare) in _extra_copies.
+        # One int per hash, not a list, keeps caching and eviction allocation-free.
+        self._by_hash: dict[BlockHash, BlockId] = {}
+        self._extra_copies: dict[BlockHash, list[BlockId]] = {}
         # Oldest inactive block first; O(1) removal from the middle and from the head.
         # (A plain dict would do the first, but finding its head after many deletions
         # scans the holes they leave: quadratic over a long run.)
@@ -91,14 +103,14 @@ class BlockPool:
         Returns:
             (hit blocks, how many of them are active, i.e. already referenced).
         """
-        by_hash, refs = self._by_hash, self._refs
+        by_hash, extra, refs = self._by_hash, self._extra_copies, self._refs
         hits = active = 0
         for block_hash in hashes[:limit]:
-            copies = by_hash.get(block_hash)
-            if copies is None:
+            block = by_hash.get(block_hash)
+            if block is None:
                 break
             hits += 1
-            if any(refs[b] for b in copies):
+            if refs[block] or (extra and any(refs[b] for b in extra.get(block_hash, ()))):
                 active += 1
         return hits, active
 
@@ -153,15 +165,13 @@ class BlockPool:
         by_hash = self._by_hash
         events = self.events
         if events is None:
-            for i in range(start, end):
-                block = table[i]
+            for block, h in zip(table[start:end], hashes[start:end], strict=True):
                 if block_hash[block] is None:
-                    h = block_hash[block] = hashes[i]
-                    copies = by_hash.get(h)
-                    if copies is None:
-                        by_hash[h] = [block]
+                    block_hash[block] = h
+                    if h in by_hash:
+                        self._extra_copies.setdefault(h, []).append(block)
                     else:
-                        copies.append(block)
+                        by_hash[h] = block
             return
         run: list[BlockHash] = []
         run_parent: BlockHash | None = None
@@ -171,16 +181,13 @@ class BlockPool:
                 continue
             h = hashes[i]
             block_hash[block] = h
-            copies = by_hash.get(h)
-            if copies is None:
-                by_hash[h] = [block]
-                if events is not None:
-                    if not run:
-                        run_parent = hashes[i - 1] if i > 0 else None
-                    run.append(h)
-                    continue
-            else:
-                copies.append(block)
+            if h not in by_hash:
+                by_hash[h] = block
+                if not run:
+                    run_parent = hashes[i - 1] if i > 0 else None
+                run.append(h)
+                continue
+            self._extra_copies.setdefault(h, []).append(block)
             if run:
                 events.append(KvStored(run_parent, tuple(run)))
                 run = []
@@ -205,8 +212,10 @@ class BlockPool:
         assert len(self._free) + self.num_active + len(self._lru) == self.capacity
         for block in self._lru:
             assert self._refs[block] == 0 and self._hash[block] is not None
-        for h, copies in self._by_hash.items():
-            assert copies, "empty copy list"
+        for h, block in self._by_hash.items():
+            assert self._hash[block] == h
+        for h, copies in self._extra_copies.items():
+            assert copies and h in self._by_hash, "extra copies without a first copy"
             for block in copies:
                 assert self._hash[block] == h
         assert all(r >= 0 for r in self._refs)
@@ -216,28 +225,37 @@ class BlockPool:
 
     def _pick_copy(self, block_hash: BlockHash) -> BlockId:
         # Prefer a copy that is already referenced: reusing it costs no capacity.
-        copies = self._by_hash[block_hash]
+        first = self._by_hash[block_hash]
         refs = self._refs
-        for block in copies:
+        if refs[first] or block_hash not in self._extra_copies:
+            return first
+        for block in self._extra_copies[block_hash]:
             if refs[block]:
                 return block
-        return copies[0]
+        return first
 
     def _evict_oldest(self, count: int) -> list[BlockId]:
         """Evict ``count`` inactive blocks, oldest first; return their ids in that order."""
         lru, block_hash, by_hash, events = self._lru, self._hash, self._by_hash, self.events
+        extra = self._extra_copies
         evicted = []
         for _ in range(count):
             block, _ = lru.popitem(last=False)
             h = block_hash[block]
             assert h is not None
-            copies = by_hash[h]
-            if len(copies) == 1:
+            if by_hash[h] != block:
+                extra[h].remove(block)
+                if not extra[h]:
+                    del extra[h]
+            elif h in extra:
+                copies = extra[h]
+                by_hash[h] = copies.pop(0)
+                if not copies:
+                    del extra[h]
+            else:
                 del by_hash[h]
                 if events is not None:
                     events.append(KvRemoved((h,)))
-            else:
-                copies.remove(block)
             block_hash[block] = None
             evicted.append(block)
         return evicted
