@@ -198,8 +198,9 @@ class BlockPool:
         """Drop a request's references, last block first (so chain tails evict first)."""
         refs, block_hash, lru, free = self._refs, self._hash, self._lru, self._free
         for block in reversed(table):
-            refs[block] -= 1
-            if refs[block]:
+            left = refs[block] - 1
+            refs[block] = left
+            if left:
                 continue
             if block_hash[block] is None:
                 free.append(block)
@@ -236,26 +237,34 @@ class BlockPool:
 
     def _evict_oldest(self, count: int) -> list[BlockId]:
         """Evict ``count`` inactive blocks, oldest first; return their ids in that order."""
-        lru, block_hash, by_hash, events = self._lru, self._hash, self._by_hash, self.events
+        popitem, block_hash, by_hash, events = (
+            self._lru.popitem,
+            self._hash,
+            self._by_hash,
+            self.events,
+        )
         extra = self._extra_copies
         evicted = []
         for _ in range(count):
-            block, _ = lru.popitem(last=False)
+            block = popitem(last=False)[0]
             h = block_hash[block]
             assert h is not None
-            if by_hash[h] != block:
-                extra[h].remove(block)
-                if not extra[h]:
-                    del extra[h]
-            elif h in extra:
-                copies = extra[h]
-                by_hash[h] = copies.pop(0)
-                if not copies:
-                    del extra[h]
-            else:
-                del by_hash[h]
-                if events is not None:
-                    events.append(KvRemoved((h,)))
             block_hash[block] = None
             evicted.append(block)
+            if extra and h in extra:
+                self._forget_copy(h, block)
+                continue
+            del by_hash[h]
+            if events is not None:
+                events.append(KvRemoved((h,)))
         return evicted
+
+    def _forget_copy(self, h: BlockHash, block: BlockId) -> None:
+        """Drop one of several copies of ``h``; the hash stays visible."""
+        copies = self._extra_copies[h]
+        if self._by_hash[h] == block:
+            self._by_hash[h] = copies.pop(0)
+        else:
+            copies.remove(block)
+        if not copies:
+            del self._extra_copies[h]

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Replay benchmarks: servesim beside the reference on the same inputs, in the same run.
+
+Each benchmark is a scenario in ``../shared/reference/README.md``'s format;
+servesim's command line is derived from it by ``refcheck.py argv`` and the
+reference runs it through ``refcheck.py reference``, so both simulate exactly
+the same thing. For each simulator the script measures:
+
+- process wall time (start to exit of the simulator's own process);
+- peak resident set size, from ``getrusage(RUSAGE_CHILDREN)`` inside a small
+  wrapper process that runs only that simulator;
+- simulated requests per wall second (completed requests / process wall);
+
+then prints the servesim/reference wall-time ratio, key metrics side by side
+(to show both ran the same workload) and a markdown table row for the README.
+MB means 10^6 bytes. Without the reference's environment, servesim runs alone.
+
+Benchmarks:
+  mooncake  the full Mooncake conversation trace (12,031 requests), 16 workers, round robin
+  batch     20,000 synthetic requests (2,000 in, 300 out), concurrency 256, 4 workers
+
+    python bench/bench_replay.py                 # all benchmarks
+    python bench/bench_replay.py batch --venv .reference-venv --servesim "python -m servesim"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED = REPO_ROOT.parent / "shared"
+REFCHECK = SHARED / "reference" / "refcheck.py"
+
+BENCHMARKS: dict[str, tuple[str, dict[str, object]]] = {
+    "mooncake": (
+        "Mooncake conversation trace, 16 workers, round robin",
+        {
+            "trace": str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl"),
+            "trace_block_size": 512,
+            "router_mode": "round_robin",
+            "num_workers": 16,
+            "engine": {"block_size": 64},
+        },
+    ),
+    "batch": (
+        "synthetic 2,000 in / 300 out, concurrency 256, 4 workers",
+        {
+            "synthetic": {"input_tokens": 2000, "output_tokens": 300, "request_count": 20000},
+            "replay_concurrency": 256,
+            "router_mode": "round_robin",
+            "num_workers": 4,
+            "engine": {"block_size": 64},
+        },
+    ),
+}
+
+# Summary metrics printed side by side.
+METRICS = [
+    "completed_requests",
+    "duration_ms",
+    "mean_ttft_ms",
+    "mean_itl_ms",
+    "prefix_cache_reused_ratio",
+]
+
+# Runs argv[2:] as a child, waits for it, and writes its wall time, exit code and
+# peak RSS (RUSAGE_CHILDREN: this wrapper's waited-for descendants only) to argv[1].
+WRAPPER = """\
+import json, resource, subprocess, sys, time
+start = time.perf_counter()
+rc = subprocess.run(sys.argv[2:]).returncode
+wall = time.perf_counter() - start
+rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+with open(sys.argv[1], "w") as f:
+    json.dump({"rc": rc, "wall_s": wall, "maxrss_kb": rss_kb}, f)
+"""
+
+
+@dataclass
+class Run:
+    """One simulator's measured run."""
+
+    wall_s: float
+    peak_rss_mb: float
+    summary: dict
+    in_process_s: float | None = None  # the reference's own timing of the replay call
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.summary.get("completed_requests", 0) / self.wall_s
+
+
+def default_servesim() -> str:
+    """The servesim script next to this interpreter, else whatever is on PATH."""
+    beside = Path(sys.executable).parent / "servesim"
+    return shlex.quote(str(beside)) if beside.exists() else "servesim"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "benchmarks", nargs="*", metavar="BENCHMARK", help=f"any of {', '.join(BENCHMARKS)} (all)"
+    )
+    p.add_argument("--venv", type=Path, default=REPO_ROOT / ".reference-venv")
+    p.add_argument("--servesim", default=default_servesim(), help="command that starts servesim")
+    p.add_argument("--out", type=Path, default=None, help="directory for reports (a temp dir)")
+    args = p.parse_args()
+    unknown = [name for name in args.benchmarks if name not in BENCHMARKS]
+    if unknown:
+        p.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    return args
+
+
+def measure(argv: list[str], stats_path: Path, report_path: Path) -> Run:
+    """Run argv in the wrapper; return its wall, peak RSS and report summary."""
+    subprocess.run([sys.executable, "-c", WRAPPER, str(stats_path), *argv], check=True)
+    stats = json.loads(stats_path.read_text())
+    if stats["rc"] != 0:
+        sys.exit(f"command exited {stats['rc']}: {shlex.join(argv)}")
+    summary = json.loads(report_path.read_text())["summary"]
+    return Run(stats["wall_s"], stats["maxrss_kb"] * 1024 / 1e6, summary)
+
+
+def run_servesim(cmd: str, scenario: Path, out_dir: Path) -> Run:
+    report = out_dir / "servesim.json"
+    printed = subprocess.run(
+        [sys.executable, str(REFCHECK), "argv", str(scenario), str(report), "--servesim", cmd],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    argv = [*shlex.split(printed), "--quiet"]
+    print(f"servesim:  {shlex.join(argv)}", flush=True)
+    return measure(argv, out_dir / "servesim.stats.json", report)
+
+
+def run_reference(venv: Path, scenario: Path, out_dir: Path) -> Run:
+    report = out_dir / "reference.json"
+    argv = [str(venv / "bin" / "python"), str(REFCHECK), "reference", str(scenario), str(report)]
+    print(f"reference: {shlex.join(argv)}", flush=True)
+    run = measure(argv, out_dir / "reference.stats.json", report)
+    run.in_process_s = json.loads(report.read_text())["in_process_wall_s"]
+    return run
+
+
+def fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4f}" if abs(value) < 10 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def print_run(name: str, run: Run) -> None:
+    line = f"{name:<10} wall {run.wall_s:8.2f} s"
+    if run.in_process_s is not None:
+        line += f" (in-process {run.in_process_s:.2f} s)"
+    line += f"   peak RSS {run.peak_rss_mb:7.1f} MB   {run.requests_per_s:9,.1f} simulated req/s"
+    print(line)
+
+
+def print_metrics(ours: Run, ref: Run | None) -> None:
+    print(f"\n{'metric':<28}{'servesim':>16}{'reference' if ref else '':>16}".rstrip())
+    for key in METRICS:
+        theirs = fmt(ref.summary.get(key)) if ref else ""
+        print(f"{key:<28}{fmt(ours.summary.get(key)):>16}{theirs:>16}".rstrip())
+
+
+def table_row(title: str, ours: Run, ref: Run | None) -> str:
+    cells = [
+        title,
+        f"{ours.summary.get('completed_requests', 0):,}",
+        f"{ours.wall_s:.1f} s",
+        f"{ref.wall_s:.1f} s" if ref else "n/a",
+        f"{ours.wall_s / ref.wall_s:.2f}" if ref else "n/a",
+        f"{ours.peak_rss_mb:.0f} MB",
+        f"{ours.requests_per_s:,.0f}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def run_benchmark(name: str, args: argparse.Namespace, out_root: Path) -> str:
+    title, scenario = BENCHMARKS[name]
+    out_dir = out_root / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scenario_path = out_dir / "scenario.json"
+    scenario_path.write_text(json.dumps({"name": name, **scenario}, indent=1))
+    print(f"\n## {name}: {title}\nreports:   {out_dir}")
+    ours = run_servesim(args.servesim, scenario_path, out_dir)
+    ref = None
+    if (args.venv / "bin" / "python").exists() and REFCHECK.exists():
+        ref = run_reference(args.venv, scenario_path, out_dir)
+    else:
+        print(f"reference: not run: no virtual environment at {args.venv}; servesim alone")
+    print()
+    print_run("servesim", ours)
+    if ref:
+        print_run("reference", ref)
+        print(f"ratio servesim/reference (process wall): {ours.wall_s / ref.wall_s:.2f}")
+    print_metrics(ours, ref)
+    return table_row(title, ours, ref)
+
+
+def main() -> int:
+    args = parse_args()
+    out_root = args.out or Path(tempfile.mkdtemp(prefix="bench-replay-"))
+    rows = [run_benchmark(name, args, out_root) for name in (args.benchmarks or list(BENCHMARKS))]
+    print(
+        "\n| benchmark | requests | servesim | reference | ratio | servesim peak RSS | servesim req/s |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
