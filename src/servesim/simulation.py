@@ -18,6 +18,7 @@ from servesim.router.round_robin import RoundRobinRouter
 from servesim.workload.admission import AdmissionQueue
 from servesim.workload.mooncake import read_mooncake
 from servesim.workload.request import Session
+from servesim.workload.sharing import mark_shared_blocks
 from servesim.workload.synthetic import synthetic_sessions
 
 
@@ -102,6 +103,8 @@ def run(config: RunConfig, *, progress: Callable[[int], None] | None = None) -> 
     if config.max_sim_time_ms is not None and config.max_sim_time_ms < 0:
         raise ConfigError(f"max sim time must be non-negative, got {config.max_sim_time_ms}")
     sessions = _sessions(config)
+    # No KV-event consumer in these runs: blocks nobody else can match need no hash.
+    mark_shared_blocks(sessions, config.engine.block_size)
     admission = AdmissionQueue(
         sessions, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
     )

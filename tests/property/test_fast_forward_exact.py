@@ -1,8 +1,9 @@
-"""Fast-forward equals pass-by-pass stepping on random workloads (Hypothesis).
+"""The replay shortcuts change nothing, on random workloads (Hypothesis).
 
-Sessions with think times, closed loops, DP ranks, tight KV pools (evictions
-and preemptions) and time caps: every request's record must be the same in
-both modes.
+Decode fast-forward (against pass-by-pass stepping) together with leaving
+unshared blocks unnamed (against hashing every block), over sessions with
+think times, closed loops, DP ranks, tight KV pools (evictions and
+preemptions) and time caps: every request's record must be the same.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from servesim.metrics.collector import Collector
 from servesim.router.round_robin import RoundRobinRouter
 from servesim.workload.admission import AdmissionQueue
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
+from servesim.workload.sharing import mark_shared_blocks
 
 turns = st.lists(
     st.tuples(
@@ -57,11 +59,15 @@ def replay(
     cap: float | None,
     fast: bool,
 ) -> list[tuple[object, ...]]:
+    """Records of a replay; ``fast`` turns on both shortcuts (fast-forward, unnamed unshared blocks)."""
     collector = Collector()
+    sessions = build(sessions_spec)
+    if fast:
+        mark_shared_blocks(sessions, config.block_size)
     runtime = Runtime(
         [Worker(i, config, fast_forward=fast) for i in range(workers)],
         RoundRobinRouter([config.dp_size] * workers),
-        AdmissionQueue(build(sessions_spec), concurrency=concurrency),
+        AdmissionQueue(sessions, concurrency=concurrency),
         collector,
     )
     runtime.run(cap)

@@ -17,6 +17,7 @@ from servesim.metrics.collector import Collector, Terminal
 from servesim.router.round_robin import RoundRobinRouter
 from servesim.workload.admission import AdmissionQueue
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
+from servesim.workload.sharing import mark_shared_blocks
 
 BLOCK = 4
 TRACE_BLOCK = 8
@@ -89,6 +90,7 @@ def test_random_workloads_keep_the_invariants(
         sessions.append(
             Session(turns=[RequestSpec(prompt=prompt, output_length=output)], start_ms=arrival)
         )
+    mark_shared_blocks(sessions, BLOCK)
     workers = [CheckedWorker(i, config) for i in range(num_workers)]
     collector = Collector()
     runtime = Runtime(

@@ -128,7 +128,9 @@ class Runtime:
             )
             worker_id, rank = self.router.place()
             collector.on_route(record, worker_id, rank)
-            request = EngineRequest(record.uid, spec.prompt, spec.output_length)
+            request = EngineRequest(
+                record.uid, spec.prompt, spec.output_length, shared_blocks=spec.shared_blocks
+            )
             records[record.uid] = record
             self._released[record.uid] = item
             cut_end = self.workers[worker_id].submit(rank, request, now)

@@ -14,9 +14,13 @@ class Prompt(Protocol):
         """Number of prompt tokens."""
         ...
 
-    def block_hashes(self, block_size: int) -> list[int]:
-        """Local hashes of the prompt's full blocks of ``block_size`` tokens."""
+    def block_hashes(self, block_size: int, count: int) -> list[int]:
+        """Local hashes of the prompt's first ``count`` full blocks of ``block_size`` tokens."""
         ...
+
+
+ALL_BLOCKS = 1 << 62
+"""``named_blocks`` of a request whose every block is cached under its hash."""
 
 
 class Status(IntEnum):
@@ -43,6 +47,7 @@ class EngineRequest:
         "generated",
         "hashes",
         "max_output",
+        "named_blocks",
         "num_computed",
         "num_preemptions",
         "pending_cached",
@@ -54,7 +59,13 @@ class EngineRequest:
     )
 
     def __init__(
-        self, uid: int, prompt: Prompt, max_output: int, *, salt: int | None = None
+        self,
+        uid: int,
+        prompt: Prompt,
+        max_output: int,
+        *,
+        salt: int | None = None,
+        shared_blocks: int | None = None,
     ) -> None:
         self.uid = uid
         self.prompt = prompt
@@ -68,6 +79,9 @@ class EngineRequest:
         self.status = Status.WAITING
         self.blocks: list[int] = []
         self.hashes: list[int] = []
+        # Leading blocks cached under their hash; later ones are cached unnamed
+        # (no other request can match them) until a preemption names them.
+        self.named_blocks = ALL_BLOCKS if shared_blocks is None else shared_blocks
 
     @property
     def length(self) -> int:

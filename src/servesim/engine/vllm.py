@@ -30,7 +30,7 @@ import numpy as np
 from servesim.config import EngineConfig
 from servesim.engine.kv.block_pool import BlockPool, KvEvent
 from servesim.engine.kv.hashing import chain, chain_all, generated_block_hash
-from servesim.engine.request import EngineRequest, Status
+from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
 from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
 _UNBOUNDED = 1 << 62
@@ -193,8 +193,7 @@ class VllmScheduler:
                 assert ok, "decode plan outran the pool"
             else:
                 full = (plan.lengths[i] + j) // bs
-                self._ensure_hashes(request, full)
-                pool.cache(request.blocks, request.hashes, full - 1, full)
+                self._cache_blocks(request, full - 1, full)
         finished = []
         max_len = self.config.max_model_len
         for request, length in zip(plan.requests, plan.lengths, strict=True):
@@ -259,7 +258,7 @@ class VllmScheduler:
         hits = active_hits = 0
         if self._caching:
             # Recompute rule: the last token is always computed (its logits are needed).
-            limit = (length - 1) // bs
+            limit = min((length - 1) // bs, request.named_blocks)
             self._ensure_hashes(request, limit)
             hits, active_hits = self.pool.match_prefix(request.hashes, limit)
         available = self.config.num_gpu_blocks - self.pool.num_active
@@ -287,8 +286,7 @@ class VllmScheduler:
         request.num_computed = target
         full_before, full_after = computed_before // bs, target // bs
         if self._caching and full_after > full_before:
-            self._ensure_hashes(request, full_after)
-            self.pool.cache(request.blocks, request.hashes, full_before, full_after)
+            self._cache_blocks(request, full_before, full_after)
         prompt_tokens = min(target, request.prompt_len) - prompt_before
         batch = self._batch
         if prompt_tokens > 0:
@@ -333,8 +331,23 @@ class VllmScheduler:
             return None
         return running[-1] if self._lifo else running[0]
 
+    def _cache_blocks(self, request: EngineRequest, start: int, end: int) -> None:
+        """Cache the request's computed full blocks ``start..end``: named ones under their hash."""
+        named_end = min(end, request.named_blocks)
+        if named_end > start:
+            self._ensure_hashes(request, named_end)
+            self.pool.cache(request.blocks, request.hashes, start, named_end)
+        if end > named_end:
+            self.pool.cache_unnamed(request.blocks, max(start, named_end), end)
+
     def _preempt(self, victim: EngineRequest) -> None:
         """Send a running request back to the front of waiting; it recomputes through the cache."""
+        full = victim.num_computed // self.block_size
+        if self._caching and victim.named_blocks < full:
+            # Its unnamed blocks are for its own re-admission to find: name them now.
+            self._ensure_hashes(victim, full)
+            self.pool.name(victim.blocks, victim.hashes, victim.named_blocks, full)
+        victim.named_blocks = ALL_BLOCKS
         self.pool.release(victim.blocks)
         victim.num_computed = 0
         victim.pending_cached = 0
@@ -398,15 +411,18 @@ class VllmScheduler:
     def _ensure_hashes(self, request: EngineRequest, num_blocks: int) -> None:
         """Extend ``request.hashes`` to cover at least its first ``num_blocks`` full blocks.
 
-        The prompt's blocks are hashed all at once on first need (one pass
-        over the prompt); blocks holding generated tokens are added one by one.
+        Prompt blocks come from the prompt's block hashes; blocks holding
+        generated tokens are hashed from (request, block index).
         """
         hashes = request.hashes
-        if len(hashes) >= num_blocks:
+        have = len(hashes)
+        if have >= num_blocks:
             return
         bs = self.block_size
-        if not hashes and request.prompt_len >= bs:
-            hashes.extend(chain_all(request.prompt.block_hashes(bs)))
+        prompt_full = request.prompt_len // bs
+        if have < prompt_full:
+            locals_ = request.prompt.block_hashes(bs, min(num_blocks, prompt_full))[have:]
+            hashes.extend(chain_all(locals_, hashes[-1] if hashes else None))
         for j in range(len(hashes), num_blocks):
             parent = hashes[-1] if hashes else None
             hashes.append(chain(parent, generated_block_hash(request.salt, j)))

@@ -43,26 +43,26 @@ class BlockContentCache:
 class TracePrompt:
     """A trace prompt: ``trace_block_size`` copies of one token per hash id, cut to ``length``."""
 
-    __slots__ = ("_cache", "_tokens", "_trace_block_size", "length")
+    __slots__ = ("_cache", "length", "tokens", "trace_block_size")
 
     def __init__(
         self, tokens: tuple[int, ...], trace_block_size: int, length: int, cache: BlockContentCache
     ) -> None:
-        self._tokens = tokens
-        self._trace_block_size = trace_block_size
+        self.tokens = tokens
+        self.trace_block_size = trace_block_size
         self.length = length
         self._cache = cache
 
-    def block_hashes(self, block_size: int) -> list[int]:
+    def block_hashes(self, block_size: int, count: int) -> list[int]:
         """See :class:`~servesim.engine.request.Prompt`."""
-        tbs, tokens, local_hash = self._trace_block_size, self._tokens, self._cache.local_hash
-        num_blocks = self.length // block_size
+        tbs, tokens, local_hash = self.trace_block_size, self.tokens, self._cache.local_hash
+        num_blocks = min(self.length // block_size, count)
         if tbs % block_size == 0:
             # Each engine block lies inside one trace block: one run of one token.
             per_id = tbs // block_size
             uniform_hash = self._cache.uniform_hash
             out = []
-            for token in tokens:
+            for token in tokens[: -(-num_blocks // per_id)]:
                 out += [uniform_hash(token, block_size)] * per_id
             return out[:num_blocks]
         out = []
@@ -98,9 +98,9 @@ class SyntheticPrompt:
         self.index = index
         self.length = length
 
-    def block_hashes(self, block_size: int) -> list[int]:
+    def block_hashes(self, block_size: int, count: int) -> list[int]:
         """See :class:`~servesim.engine.request.Prompt`."""
-        n = self.length // block_size * block_size
+        n = min(self.length // block_size, count) * block_size
         positions = np.arange(n, dtype=np.uint64) + np.uint64(self.index << 32)
         tokens = (_splitmix64(positions) & _MASK).astype("<u4")
         tokens[tokens == 0] = 1
@@ -120,6 +120,8 @@ class RequestSpec:
         turn_index: 0-based turn within its session (None for one-shot requests).
         delay_ms: think time after the previous turn completes (later turns only).
         priority: soft priority hint for router queues.
+        shared_blocks: leading full prompt blocks some other request also has
+            (see :mod:`servesim.workload.sharing`); None when not worked out.
     """
 
     prompt: Prompt
@@ -128,6 +130,7 @@ class RequestSpec:
     turn_index: int | None = None
     delay_ms: float = 0.0
     priority: int = 0
+    shared_blocks: int | None = None
 
     @property
     def input_length(self) -> int:

@@ -26,6 +26,14 @@ from dataclasses import dataclass
 BlockId = int
 BlockHash = int
 
+UNNAMED: BlockHash = 1 << 64
+"""Hash slot of a cached block that no other request can ever match.
+
+Outside the u64 range of real hashes. Such a block behaves as cached (it goes
+to the LRU when released, and is evicted from it) but is not in the hash
+index; :meth:`BlockPool.name` gives it its real hash if its owner needs it.
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class KvStored:
@@ -194,6 +202,21 @@ class BlockPool:
         if run:
             events.append(KvStored(run_parent, tuple(run)))
 
+    def cache_unnamed(self, table: list[BlockId], start: int, end: int) -> None:
+        """Make blocks ``table[start:end]`` cached without indexing them (see :data:`UNNAMED`)."""
+        block_hash = self._hash
+        for block in table[start:end]:
+            if block_hash[block] is None:
+                block_hash[block] = UNNAMED
+
+    def name(self, table: list[BlockId], hashes: list[BlockHash], start: int, end: int) -> None:
+        """Give the unnamed blocks of ``table[start:end]`` their hashes, as if cached with them."""
+        block_hash = self._hash
+        for i in range(start, end):
+            if block_hash[table[i]] == UNNAMED:
+                block_hash[table[i]] = None
+        self.cache(table, hashes, start, end)
+
     def release(self, table: list[BlockId]) -> None:
         """Drop a request's references, last block first (so chain tails evict first)."""
         refs, block_hash, lru, free = self._refs, self._hash, self._lru, self._free
@@ -251,6 +274,8 @@ class BlockPool:
             assert h is not None
             block_hash[block] = None
             evicted.append(block)
+            if h == UNNAMED:
+                continue
             if extra and h in extra:
                 self._forget_copy(h, block)
                 continue

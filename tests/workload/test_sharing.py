@@ -1,0 +1,53 @@
+"""The shared-block look-ahead on hand-made prompts."""
+
+from __future__ import annotations
+
+from servesim.workload.request import (
+    BlockContentCache,
+    RequestSpec,
+    Session,
+    SyntheticPrompt,
+    TracePrompt,
+)
+from servesim.workload.sharing import mark_shared_blocks
+
+CACHE = BlockContentCache()
+
+
+def trace_spec(ids: list[int], length: int, tbs: int = 8) -> RequestSpec:
+    return RequestSpec(prompt=TracePrompt(tuple(ids), tbs, length, CACHE), output_length=1)
+
+
+def shared(specs: list[RequestSpec], block_size: int) -> list[int | None]:
+    mark_shared_blocks([Session(turns=[s], start_ms=0.0) for s in specs], block_size)
+    return [s.shared_blocks for s in specs]
+
+
+def test_common_prefix_counts_for_both_requests() -> None:
+    """Two prompts agreeing on their first two ids share the four blocks those ids cover (block 4, trace 8)."""
+    a = trace_spec([1, 2, 3], 24)
+    b = trace_spec([1, 2, 9], 24)
+    assert shared([a, b], 4) == [4, 4]
+
+
+def test_a_shorter_prompt_limits_what_is_shared() -> None:
+    """Only blocks full in both prompts are shared: the other prompt stops at 5 full blocks."""
+    a = trace_spec([1, 2, 3], 24)
+    b = trace_spec([1, 2, 3], 21)
+    c = trace_spec([7], 8)
+    assert shared([a, b, c], 4) == [5, 5, 0]
+
+
+def test_unique_and_synthetic_prompts_share_nothing() -> None:
+    """A prompt no other request starts like, and synthetic prompts, have no shared blocks."""
+    a = trace_spec([1, 2], 16)
+    b = trace_spec([5, 2], 16)
+    s = RequestSpec(prompt=SyntheticPrompt(0, 100), output_length=1)
+    assert shared([a, b, s], 4) == [0, 0, 0]
+
+
+def test_engine_blocks_spanning_trace_blocks() -> None:
+    """With blocks of 6 over trace blocks of 8, block 1 needs ids 0 and 1, so one shared id shares one block."""
+    a = trace_spec([1, 2, 3], 24)
+    b = trace_spec([1, 4, 3], 24)
+    assert shared([a, b], 6) == [1, 1]
