@@ -37,10 +37,11 @@ def _covered(ids: int, tbs: int, bs: int, full: int) -> int:
 
 
 def _mark_trace(trace: list[tuple[int, RequestSpec]], bs: int) -> None:
-    # A trie over hash-id prefixes, as a dict (parent node, token) -> node. Each node
-    # keeps the two largest full-block counts of the requests through it, and who
-    # had the largest, so "the longest other request through this node" is O(1).
-    children: dict[tuple[int, int], int] = {}
+    # A trie over hash-id prefixes, as a dict (parent node << 32 | token) -> node
+    # (tokens are dense u32 ids). Each node keeps the two largest full-block counts
+    # of the requests through it, and who had the largest, so "the longest other
+    # request through this node" is O(1).
+    children: dict[int, int] = {}
     best: list[int] = [0]
     best_owner: list[int] = [-1]
     second: list[int] = [0]
@@ -52,7 +53,7 @@ def _mark_trace(trace: list[tuple[int, RequestSpec]], bs: int) -> None:
         needed = -(-full * bs // prompt.trace_block_size)  # ids that full blocks depend on
         node, path = 0, []
         for token in prompt.tokens[:needed]:
-            key = (node, token)
+            key = node << 32 | token
             child = children.get(key)
             if child is None:
                 child = children[key] = len(best)
