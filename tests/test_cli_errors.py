@@ -186,8 +186,8 @@ def test_unsupported_feature_key(tmp_path: Path, capsys: pytest.CaptureFixture[s
         capsys,
         *SYNTHETIC,
         "--extra-engine-args",
-        '{"kv_transfer_bandwidth": 10}',
-        expect=["'kv_transfer_bandwidth'", "not supported"],
+        '{"aic_nextn": 2}',
+        expect=["'aic_nextn'", "not supported"],
     )
 
 

@@ -49,6 +49,24 @@ def _float(minimum: float, *, nullable: bool = False) -> Parser:
     return parse
 
 
+def _positive() -> Parser:
+    def parse(key: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ConfigError(
+                f"engine key '{key}' must be a finite number greater than 0, got {value!r}"
+            )
+        return float(value)
+
+    return parse
+
+
 def _bool(key: str, value: Any) -> Any:
     if not isinstance(value, bool):
         raise ConfigError(f"engine key '{key}' must be true or false, got {value!r}")
@@ -188,14 +206,20 @@ _ENGINE_KEYS: dict[str, tuple[str | None, Parser, Any]] = {
     "prefill_decode_interval": (None, _only(0, "prefill/decode interleaving"), 0),
     "aic_nextn": (None, _only(None, "speculative decoding"), None),
     "aic_nextn_accept_rates": (None, _only(None, "speculative decoding"), None),
-    "kv_transfer_bytes_per_token": (None, _only(None, "disaggregated KV transfer"), None),
-    "kv_transfer_bandwidth": (None, _only(None, "disaggregated KV transfer"), None),
+    "kv_transfer_bytes_per_token": ("kv_transfer_bytes_per_token", _positive(), None),
+    "kv_transfer_bandwidth": ("kv_transfer_bandwidth", _positive(), None),
     "kv_transfer_timing_mode": (
-        None,
-        _only("full_prompt", "disaggregated KV transfer"),
+        "kv_transfer_timing_mode",
+        _choice("full_prompt", "destination_missing"),
         "full_prompt",
     ),
-    "kv_transfer_link_model": (None, _only(None, "disaggregated KV transfer"), None),
+    "kv_transfer_link_model": (
+        "kv_transfer_link_model",
+        _choice("shared", "independent"),
+        "shared",
+    ),
+    "is_prefill": ("is_prefill", _bool, False),
+    "is_decode": ("is_decode", _bool, False),
     "gpu_memory_utilization": (None, _only(None, "AIC memory sizing"), None),
     "mem_fraction_static": (None, _only(None, "AIC memory sizing"), None),
     "free_gpu_memory_fraction": (None, _only(None, "AIC memory sizing"), None),
@@ -230,6 +254,10 @@ class EngineConfig:
     timing_model: TimingModelConfig = field(default_factory=TimingModelConfig)
     dp_size: int = 1
     tensor_parallel_size: int = 1
+    kv_transfer_bytes_per_token: float | None = None
+    kv_transfer_bandwidth: float | None = None
+    kv_transfer_timing_mode: str = "full_prompt"
+    kv_transfer_link_model: str = "shared"
 
     @property
     def gpus_per_worker(self) -> int:
@@ -242,12 +270,17 @@ class EngineConfig:
         return self.num_gpu_blocks * self.block_size
 
 
-def parse_engine_args(raw: Mapping[str, Any], *, source: str = "engine args") -> EngineConfig:
+def parse_engine_args(
+    raw: Mapping[str, Any], *, source: str = "engine args", role: str = "aggregated"
+) -> EngineConfig:
     """Validate a flat engine-args object and return its :class:`EngineConfig`.
 
     Args:
         raw: the reference's flat engine keys, e.g. ``{"block_size": 64}``.
         source: where the object came from, used in error messages.
+        role: the pool the engine serves: ``aggregated``, ``prefill`` or
+            ``decode``; ``worker_type`` (or the legacy ``is_prefill`` /
+            ``is_decode``) may be given but must agree with it.
 
     Raises:
         ConfigError: an unknown key, a value of the wrong type or range, or a
@@ -276,11 +309,7 @@ def parse_engine_args(raw: Mapping[str, Any], *, source: str = "engine args") ->
         raise ConfigError(
             f"{source}: backend '{backend}' is not supported by servesim yet (only 'vllm')"
         )
-    if values.get("worker_type", "aggregated") != "aggregated":
-        raise ConfigError(
-            f"{source}: worker_type '{values['worker_type']}' needs disaggregated replay, "
-            "which servesim does not support yet"
-        )
+    _check_role(values, raw, source, role)
     if not values.get("block_size"):
         values["block_size"] = _DEFAULT_BLOCK_SIZE[backend]
     if values["block_size"] < 2:
@@ -288,6 +317,30 @@ def parse_engine_args(raw: Mapping[str, Any], *, source: str = "engine args") ->
             f"{source}: block_size must be >= 2 for the vllm backend, got {values['block_size']}"
         )
     return EngineConfig(**values)
+
+
+def _check_role(values: dict[str, Any], raw: Mapping[str, Any], source: str, role: str) -> None:
+    legacy = [name for name in ("is_prefill", "is_decode") if values.pop(name, False)]
+    if len(legacy) == 2:
+        raise ConfigError(f"{source}: is_prefill and is_decode cannot both be true")
+    if legacy and "worker_type" in raw:
+        raise ConfigError(f"{source}: worker_type cannot be combined with is_prefill or is_decode")
+    given = legacy[0].removeprefix("is_") if legacy else values.get("worker_type", role)
+    if given != role:
+        if role == "aggregated":
+            raise ConfigError(
+                f"{source}: worker_type '{given}' needs disaggregated replay "
+                "(--prefill-engine-args and --decode-engine-args)"
+            )
+        raise ConfigError(
+            f"{source}: worker_type must be '{role}' for the {role} pool, got '{given}'"
+        )
+    values["worker_type"] = role
+    if role == "decode" and values.get("kv_transfer_timing_mode", "full_prompt") != "full_prompt":
+        raise ConfigError(
+            f"{source}: kv_transfer_timing_mode is a prefill-side key (the source prices the "
+            "transfer); set it in --prefill-engine-args"
+        )
 
 
 def load_json_argument(text: str, *, flag: str) -> Any:

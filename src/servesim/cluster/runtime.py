@@ -167,7 +167,7 @@ class Runtime:
     def _apply_windows_up_to(self, limit: float) -> None:
         """At a time cap, make visible the fast-forwarded passes that end by ``limit``."""
         for worker in self.workers:
-            if worker.in_window and worker.cut_window(limit) is not None:
+            if worker.in_window and worker.cut_by(limit):
                 assert worker.busy_until is not None
                 end = worker.busy_until
                 self._deliver(worker.finish_pass(), end)

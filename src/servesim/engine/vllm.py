@@ -95,6 +95,12 @@ class VllmScheduler:
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         self.preemptions_total = 0
+        # Prefill role: finished requests whose KV is held for the transfer (source side).
+        self.held: dict[int, EngineRequest] = {}
+        # Decode role: destination reservations waiting for room, and how many are reserved.
+        self.pending_reservations: deque[EngineRequest] = deque()
+        self._reserved = 0
+        self._prefill_role = config.worker_type == "prefill"
         self._max_seqs = config.max_num_seqs or _UNBOUNDED
         self._max_tokens = config.max_num_batched_tokens or _UNBOUNDED
         self._lifo = config.preemption_mode == "lifo"
@@ -115,6 +121,73 @@ class VllmScheduler:
     def has_work(self) -> bool:
         """Whether a pass could do anything."""
         return bool(self.running or self.waiting)
+
+    # ----- P/D handoff commands (take effect at once; the runtime defers them past a pass in flight) -----
+
+    def release_source(self, uid: int) -> bool:
+        """Free the KV a finished prefill holds for its transfer; False if nothing was held."""
+        request = self.held.pop(uid, None)
+        if request is None:
+            return False
+        self.pool.release(request.blocks)
+        return True
+
+    def reserve_destination(self, request: EngineRequest) -> tuple[int, int] | None:
+        """Reserve the blocks of a request's prompt on this decode rank.
+
+        A resident cached prefix is reused; the rest are fresh blocks the
+        transfer fills. Queues the request (None) while the rank has no room:
+        a running slot under ``max_num_seqs`` and blocks for the whole prompt.
+
+        Returns:
+            (reused prompt tokens, transferable tokens = fresh blocks x block size).
+        """
+        if self.pending_reservations or not self._try_reserve(request):
+            self.pending_reservations.append(request)
+            return None
+        return self._reservation(request)
+
+    def retry_reservations(self) -> list[tuple[EngineRequest, int, int]]:
+        """Reserve queued destinations that now fit, in order: (request, reused, transferable)."""
+        done = []
+        queue = self.pending_reservations
+        while queue and self._try_reserve(queue[0]):
+            request = queue.popleft()
+            done.append((request, *self._reservation(request)))
+        return done
+
+    def activate_destination(self, request: EngineRequest) -> None:
+        """The prompt's KV has arrived: make it cache-visible and queue the request to decode."""
+        request.num_computed = request.prompt_len
+        full = request.prompt_len // self.block_size
+        if self._caching and full:
+            self._cache_blocks(request, request.pending_cached // self.block_size, full)
+        request.pending_cached = 0
+        self._reserved -= 1
+        request.status = Status.WAITING
+        self.waiting.append(request)
+
+    def _try_reserve(self, request: EngineRequest) -> bool:
+        if len(self.running) + len(self.waiting) + self._reserved >= self._max_seqs:
+            return False
+        bs = self.block_size
+        hits = 0
+        if self._caching:
+            limit = min(request.prompt_len // bs, request.named_blocks)
+            self._ensure_hashes(request, limit)
+            hits, _ = self.pool.match_prefix(request.hashes, limit)
+        if not self.pool.allocate(
+            request.blocks, request.hashes[:hits], -(-request.prompt_len // bs) - hits
+        ):
+            return False
+        request.pending_cached = hits * bs
+        self._reserved += 1
+        return True
+
+    def _reservation(self, request: EngineRequest) -> tuple[int, int]:
+        reused = request.pending_cached
+        fresh = len(request.blocks) - reused // self.block_size
+        return reused, fresh * self.block_size
 
     def execute_pass(self, now: float) -> PassResult:
         """Decide and apply one pass starting at ``now``; see the module docstring."""
@@ -246,6 +319,10 @@ class VllmScheduler:
         Returns None to wait (head-of-line blocking) and -1 to reject a request
         that can never fit.
         """
+        if request.blocks and request.num_computed:
+            return (
+                0  # prebuilt on a decode rank: its blocks were reserved and filled by the transfer
+            )
         bs = self.block_size
         length = request.length
         max_len = self.config.max_model_len
@@ -388,7 +465,9 @@ class VllmScheduler:
             if scheduled[request][1] < 0:  # no prompt tokens this pass: it was already decoding
                 decoding += 1
                 context += length
-        decode = self.timing.decode_ms(decoding, context, context // decoding) if decoding else 0.0
+        decode = 0.0
+        if decoding and not self._prefill_role:
+            decode = self.timing.decode_ms(decoding, context, context // decoding)
         end = now + pass_duration(prefill + decode)
         result = self._result
         for request in ready:
@@ -404,9 +483,12 @@ class VllmScheduler:
         return end
 
     def _finish(self, request: EngineRequest) -> None:
-        self.pool.release(request.blocks)
         request.status = Status.FINISHED
         self.running.remove(request)
+        if self._prefill_role:
+            self.held[request.uid] = request  # the source keeps its KV until ReleaseSource
+        else:
+            self.pool.release(request.blocks)
 
     def _ensure_hashes(self, request: EngineRequest, num_blocks: int) -> None:
         """Extend ``request.hashes`` to cover at least its first ``num_blocks`` full blocks.

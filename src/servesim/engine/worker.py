@@ -3,16 +3,18 @@
 A group pass starts when any rank has work; every rank with work runs its
 pass at the same ``now`` and the group ends at the slowest rank's end. No rank
 starts another pass before the group ends, and outputs become visible at the
-group end.
+group end. A pass mutates its ranks' state at its start (as the reference's
+passes do); only its outputs wait for its end.
 
 **Decode fast-forward.** When every working rank's next passes are decode
 steps over a fixed running set (see :meth:`VllmScheduler.plan_decode`), the
 worker plans a *window* of those passes at once: their durations (the group's
 slowest rank, pass by pass) and ends come from one vectorised computation.
-Nothing is applied until the window ends; a request submitted meanwhile cuts
-the window at the first pass end at or after its arrival (where pass-by-pass
-stepping would admit it), and the window is applied up to there. The
-worker's state at any pass end is exactly what pass-by-pass stepping gives.
+The window is applied when it ends, or earlier when something needs the
+worker's state (a request or a handoff command arriving, see :meth:`cut`):
+then it is applied up to the pass in flight and ends with that pass, at the
+first pass end at or after that moment, where pass-by-pass stepping would
+next start a pass. The state anyone sees is exactly what stepping gives.
 """
 
 from __future__ import annotations
@@ -53,14 +55,13 @@ class PassOutputs:
 class _Window:
     plans: list[tuple[VllmScheduler, DecodePlan]]
     ends: np.ndarray  # end of each planned pass
-    passes: int  # passes that will be applied (cut by submissions)
 
 
 class Worker:
     """A worker's ranks and its pass lifecycle (idle, or busy until ``busy_until``)."""
 
     __slots__ = (
-        "_results",
+        "_outputs",
         "_window",
         "busy_until",
         "config",
@@ -86,28 +87,56 @@ class Worker:
         self.busy_until: float | None = None
         # Set when a pass could do nothing; cleared when a request is submitted.
         self.stalled = False
-        self._results: list[PassResult] = []
+        # Outputs of the pass in flight, or of a window already applied, delivered at its end.
+        self._outputs = PassOutputs()
         self._window: _Window | None = None
+
+    @property
+    def busy(self) -> bool:
+        """A pass (or window) is in flight."""
+        return self.busy_until is not None
 
     def submit(self, rank: int, request: EngineRequest, now: float) -> float | None:
         """Queue a request on one of this worker's ranks.
 
         Returns:
             The worker's new, earlier busy-until time when the request cut a
-            fast-forward window short; otherwise None.
+            fast-forward window short (see :meth:`cut`); otherwise None.
         """
+        end = self.cut(now)
         self.ranks[rank].submit(request)
         self.stalled = False
+        return end
+
+    def cut(self, now: float) -> float | None:
+        """Bring the ranks' state to ``now``, as pass-by-pass stepping would have it.
+
+        A window in flight is applied up to the pass in flight at ``now`` and
+        ends with that pass.
+
+        Returns:
+            The new, earlier busy-until time, or None when nothing changed.
+        """
         window = self._window
         if window is None:
             return None
-        # Pass-by-pass, the request waits for the pass in flight at ``now``: cut at the first end >= now.
-        cut = max(1, int(np.searchsorted(window.ends, now, side="left")) + 1)
-        if cut >= window.passes:
-            return None
-        window.passes = cut
-        self.busy_until = float(window.ends[cut - 1])
-        return self.busy_until
+        passes = max(1, int(np.searchsorted(window.ends, now, side="left")) + 1)
+        return self._apply(window, min(passes, len(window.ends)))
+
+    def cut_by(self, limit: float) -> bool:
+        """At a time cap: keep the window's passes that end by ``limit``; False if none does."""
+        window = self._window
+        assert window is not None
+        keep = int(np.searchsorted(window.ends, limit, side="right"))
+        if keep == 0:
+            return False
+        self._apply(window, keep)
+        return True
+
+    @property
+    def in_window(self) -> bool:
+        """Whether a fast-forward window is planned and not yet applied."""
+        return self._window is not None
 
     def can_start(self) -> bool:
         """Idle, not stalled, and some rank has work."""
@@ -130,53 +159,35 @@ class Worker:
         if not any(r.progressed for r in results):
             self.stalled = True
             return None
-        end = max(r.end_ms for r in results)
-        self.busy_until = end
-        self._results = results
-        return end, [admission for r in results for admission in r.admitted]
+        self.busy_until = max(r.end_ms for r in results)
+        self._outputs = _collect(results)
+        return self.busy_until, [admission for r in results for admission in r.admitted]
 
     def finish_pass(self) -> PassOutputs:
         """End the pass (or window) in flight and return what it made visible; the worker is idle again."""
+        if self._window is not None:
+            self._apply(self._window, len(self._window.ends))
         self.busy_until = None
-        out = PassOutputs()
-        window = self._window
-        if window is not None:
-            self._window = None
-            times = window.ends[: window.passes]
-            for rank, plan in window.plans:
-                out.streams.append((plan.requests, times))
-                out.finished += rank.commit_decode(plan, window.passes)
-            return out
-        for result in self._results:
-            out.emitted += result.emitted
-            out.finished += result.finished
-            out.rejected += result.rejected
-        self._results = []
+        out, self._outputs = self._outputs, PassOutputs()
         return out
-
-    def cut_window(self, limit: float) -> float | None:
-        """Keep only the passes of the window in flight that end by ``limit`` (for a time cap).
-
-        Returns:
-            The new end, or None if no pass of the window ends by ``limit``.
-        """
-        window = self._window
-        assert window is not None
-        keep = int(np.searchsorted(window.ends[: window.passes], limit, side="right"))
-        if keep == 0:
-            return None
-        window.passes = keep
-        self.busy_until = float(window.ends[keep - 1])
-        return self.busy_until
-
-    @property
-    def in_window(self) -> bool:
-        """Whether a fast-forward window is in flight."""
-        return self._window is not None
 
     def in_flight(self) -> int:
         """Requests waiting or running on any rank."""
         return sum(len(r.waiting) + len(r.running) for r in self.ranks)
+
+    def _apply(self, window: _Window, passes: int) -> float | None:
+        """Apply the window's first ``passes`` passes; it then ends with the last of them."""
+        self._window = None
+        out = self._outputs
+        times = window.ends[:passes]
+        for rank, plan in window.plans:
+            out.streams.append((plan.requests, times))
+            out.finished += rank.commit_decode(plan, passes)
+        end = float(times[-1])
+        if end == self.busy_until:
+            return None
+        self.busy_until = end
+        return end
 
     def _start_window(self, now: float) -> float | None:
         working = [rank for rank in self.ranks if rank.has_work()]
@@ -192,6 +203,15 @@ class Worker:
             durations = np.maximum(durations, plan.durations[:passes])
         # Sequential sums, as the clock advances pass by pass (now + d0, then + d1, ...).
         ends = np.cumsum(np.concatenate(([now], durations)))[1:]
-        self._window = _Window(plans=plans, ends=ends, passes=passes)
+        self._window = _Window(plans=plans, ends=ends)
         self.busy_until = float(ends[-1])
         return self.busy_until
+
+
+def _collect(results: list[PassResult]) -> PassOutputs:
+    out = PassOutputs()
+    for result in results:
+        out.emitted += result.emitted
+        out.finished += result.finished
+        out.rejected += result.rejected
+    return out
