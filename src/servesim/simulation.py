@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servesim.cluster.runtime import Runtime
+from servesim.cluster.flows import AggregatedFlow
+from servesim.cluster.runtime import Ledger, Pool, Runtime, Stage
 from servesim.config import EngineConfig
 from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
@@ -114,12 +115,15 @@ def run(config: RunConfig, *, progress: Callable[[int], None] | None = None) -> 
     ]
     router = RoundRobinRouter([config.engine.dp_size] * config.num_workers)
     collector = Collector()
-    runtime = Runtime(workers, router, admission, collector, progress=progress)
+    ledger = Ledger(collector, admission, progress)
+    completions: list[tuple[float, int, int]] = []
+    flow = AggregatedFlow(Pool(Stage.AGGREGATED, workers, completions), router, ledger)
+    runtime = Runtime(flow, admission, ledger, completions)
     started = time.perf_counter()
     outcome = runtime.run(config.max_sim_time_ms)
     wall_ms = (time.perf_counter() - started) * 1000.0
     cost = Cost(
-        decode_worker_seconds=runtime.worker_seconds,
+        decode_worker_seconds=outcome.worker_seconds[Stage.AGGREGATED],
         decode_gpus_per_worker=config.engine.gpus_per_worker,
     )
     summary = summarize(collector, cost=cost, sla=config.sla, wall_time_ms=wall_ms)

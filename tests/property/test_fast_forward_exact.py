@@ -13,14 +13,11 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servesim.cluster.runtime import Runtime
 from servesim.config import EngineConfig
 from servesim.engine.worker import Worker
-from servesim.metrics.collector import Collector
-from servesim.router.round_robin import RoundRobinRouter
-from servesim.workload.admission import AdmissionQueue
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
 from servesim.workload.sharing import mark_shared_blocks
+from tests.support import replay_aggregated
 
 turns = st.lists(
     st.tuples(
@@ -60,17 +57,13 @@ def replay(
     fast: bool,
 ) -> list[tuple[object, ...]]:
     """Records of a replay; ``fast`` turns on both shortcuts (fast-forward, unnamed unshared blocks)."""
-    collector = Collector()
     sessions = build(sessions_spec)
     if fast:
         mark_shared_blocks(sessions, config.block_size)
-    runtime = Runtime(
-        [Worker(i, config, fast_forward=fast) for i in range(workers)],
-        RoundRobinRouter([config.dp_size] * workers),
-        AdmissionQueue(sessions, concurrency=concurrency),
-        collector,
+    workers = [Worker(i, config, fast_forward=fast) for i in range(workers)]
+    collector, _ = replay_aggregated(
+        sessions, config, workers, concurrency=concurrency, max_sim_time_ms=cap
     )
-    runtime.run(cap)
     return [
         (
             r.arrival_ms,

@@ -9,15 +9,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servesim.cluster.runtime import Runtime
 from servesim.config import EngineConfig
 from servesim.engine.vllm import PassResult
 from servesim.engine.worker import Worker
-from servesim.metrics.collector import Collector, Terminal
-from servesim.router.round_robin import RoundRobinRouter
-from servesim.workload.admission import AdmissionQueue
+from servesim.metrics.collector import Terminal
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
 from servesim.workload.sharing import mark_shared_blocks
+from tests.support import replay_aggregated
 
 BLOCK = 4
 TRACE_BLOCK = 8
@@ -92,14 +90,7 @@ def test_random_workloads_keep_the_invariants(
         )
     mark_shared_blocks(sessions, BLOCK)
     workers = [CheckedWorker(i, config) for i in range(num_workers)]
-    collector = Collector()
-    runtime = Runtime(
-        workers,
-        RoundRobinRouter([dp_size] * num_workers),
-        AdmissionQueue(sessions, concurrency=concurrency),
-        collector,
-    )
-    outcome = runtime.run()
+    collector, outcome = replay_aggregated(sessions, config, workers, concurrency=concurrency)
     records = collector.records
     assert len(records) == len(reqs)
     # Every request fits, so none is rejected.

@@ -1,14 +1,21 @@
-"""The replay runtime: one loop, one clock, aggregated workers.
+"""The replay runtime: one loop, one clock, for aggregated and disaggregated flows.
 
 Virtual time is in ms. At each timestamp the runtime settles everything that
 becomes possible at that instant, in a fixed order, until nothing changes:
 
-1. pass completions due now (by worker id): tokens, completions, rejections;
-2. arrivals ready now (including next turns unlocked by step 1): route and submit;
-3. idle workers with work start a pass (lowest worker id first).
+1. pass ends due now, by (stage, worker id) with stages aggregated < prefill
+   < decode: their outputs go to the flow;
+2. the flow's own work due now (KV transfers, handoff actions);
+3. arrivals ready now (including turns unlocked by step 1): the flow routes them;
+4. idle workers with work start a pass, prefill pool before decode pool,
+   lowest worker id first;
 
-then jumps to the next timestamp: the earliest pass end or arrival. A pass is
-decided at its start; its outputs become visible at its end.
+then jumps to the next timestamp: the earliest pass end, arrival or flow
+deadline. A pass is decided at its start; its outputs become visible at its end.
+
+What happens to a request between arrival and its end is the *flow*'s
+business (:mod:`servesim.cluster.flows`); the runtime owns the clock, the
+pools' pass lifecycle and the ledger of requests in flight.
 """
 
 from __future__ import annotations
@@ -17,53 +24,174 @@ import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import IntEnum
+from typing import Protocol
 
 from servesim.engine.request import EngineRequest
 from servesim.engine.worker import PassOutputs, Worker
 from servesim.errors import SimulationError
 from servesim.metrics.collector import Collector, RequestRecord, Terminal
-from servesim.router.round_robin import RoundRobinRouter
 from servesim.workload.admission import AdmissionQueue, Released
 
 ProgressHook = Callable[[int], None]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunOutcome:
-    """How the loop ended."""
+class Stage(IntEnum):
+    """A pool's role; also the order of same-instant pass ends."""
 
-    final_ms: float
-    time_limited: bool
+    AGGREGATED = 0
+    PREFILL = 1
+    DECODE = 2
 
 
-class Runtime:
-    """Drives workers, router and admission queue through virtual time."""
+class Pool:
+    """The workers of one stage, and which of them may start a pass.
+
+    Pass ends go on the runtime's heap as ``(end, stage, worker id)``; an entry
+    whose worker is no longer busy until that end (its window was cut short)
+    is stale and skipped.
+    """
 
     def __init__(
-        self,
-        workers: list[Worker],
-        router: RoundRobinRouter,
-        admission: AdmissionQueue,
-        collector: Collector,
-        *,
-        progress: ProgressHook | None = None,
+        self, stage: Stage, workers: list[Worker], completions: list[tuple[float, int, int]]
     ) -> None:
+        self.stage = stage
         self.workers = workers
-        self.router = router
-        self.admission = admission
-        self.collector = collector
-        self.now = 0.0
-        self.worker_seconds = 0.0
-        self._progress = progress
-        # (end, worker id); an entry whose worker is no longer busy until that end is stale.
-        self._completions: list[tuple[float, int]] = []
+        self._completions = completions
         # Workers whose state changed since they last tried to start a pass (a
         # submit or a pass end): only they can start one, so the settle loop
         # never scans idle workers.
-        self._wakeable: set[int] = set()
+        self.wakeable: set[int] = set()
+
+    def submit(self, worker_id: int, rank: int, request: EngineRequest, now: float) -> None:
+        """Queue a request on a worker's rank."""
+        self._rescheduled(worker_id, self.workers[worker_id].submit(rank, request, now))
+        self.wakeable.add(worker_id)
+
+    def settle_worker(self, worker_id: int, now: float) -> bool:
+        """Bring a worker's state to ``now`` before a command touches it.
+
+        Returns:
+            Whether a pass is in flight (a command that must not disturb it
+            waits for its end).
+        """
+        worker = self.workers[worker_id]
+        self._rescheduled(worker_id, worker.cut(now))
+        return worker.busy
+
+    def wake(self, worker_id: int) -> None:
+        """Let a worker try to start a pass at the next opportunity."""
+        self.wakeable.add(worker_id)
+
+    def schedule_end(self, worker_id: int, end: float) -> None:
+        """Put a worker's pass end on the heap."""
+        heapq.heappush(self._completions, (end, self.stage, worker_id))
+
+    def _rescheduled(self, worker_id: int, end: float | None) -> None:
+        if end is not None:
+            self.schedule_end(worker_id, end)
+
+
+class Ledger:
+    """Requests in flight: their records, how the workload released them, and their end."""
+
+    def __init__(
+        self, collector: Collector, admission: AdmissionQueue, progress: ProgressHook | None
+    ) -> None:
+        self.collector = collector
+        self._admission = admission
+        self._progress = progress
         self._records: dict[int, RequestRecord] = {}
         self._released: dict[int, Released] = {}
-        self._terminals = 0
+        self._ended = 0
+
+    def open(self, record: RequestRecord, released: Released) -> None:
+        """A request entered the cluster."""
+        self._records[record.uid] = record
+        self._released[record.uid] = released
+
+    def record(self, uid: int) -> RequestRecord:
+        """The record of a request in flight."""
+        return self._records[uid]
+
+    def deliver_tokens(self, outputs: PassOutputs, now: float) -> None:
+        """Client-visible tokens of a pass (or window) that ended at ``now``."""
+        records, collector = self._records, self.collector
+        on_token = collector.on_token
+        for request in outputs.emitted:
+            on_token(records[request.uid], now)
+        for requests, times in outputs.streams:
+            collector.on_token_stream([records[r.uid] for r in requests], times)
+
+    def end(self, uid: int, now: float, terminal: Terminal) -> None:
+        """The request completed or was rejected at ``now``; its session may go on."""
+        record = self._records.pop(uid)
+        self.collector.on_terminal(record, now, terminal)
+        self._admission.on_finished(self._released.pop(uid), now)
+        self._ended += 1
+        if self._progress is not None:
+            self._progress(self._ended)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests that entered and have not ended."""
+        return len(self._records)
+
+
+class Flow(Protocol):
+    """What happens to a request between arrival and its end."""
+
+    pools: list[Pool]
+
+    def admit(self, record: RequestRecord, released: Released, now: float) -> None:
+        """A request arrived: route it and hand it to a worker (or start its handoff)."""
+        ...
+
+    def on_pass_start(
+        self, pool: Pool, worker: Worker, admitted: list[tuple[EngineRequest, int]], now: float
+    ) -> None:
+        """A worker started a pass that admitted ``admitted`` (request, reused tokens)."""
+        ...
+
+    def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
+        """A worker's pass (or window) ended at ``now`` with ``outputs``."""
+        ...
+
+    def settle(self, now: float) -> bool:
+        """Do the flow's own work due at ``now``; return whether anything changed."""
+        ...
+
+    def next_deadline(self) -> float:
+        """When the flow next has work of its own (``math.inf`` if none)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOutcome:
+    """How the loop ended, and the worker-seconds each stage was provisioned for."""
+
+    final_ms: float
+    time_limited: bool
+    worker_seconds: dict[Stage, float]
+
+
+class Runtime:
+    """Drives the flow, its pools and the admission queue through virtual time."""
+
+    def __init__(
+        self,
+        flow: Flow,
+        admission: AdmissionQueue,
+        ledger: Ledger,
+        completions: list[tuple[float, int, int]],
+    ) -> None:
+        self.flow = flow
+        self.admission = admission
+        self.ledger = ledger
+        self.now = 0.0
+        self._completions = completions
+        self._pools = {pool.stage: pool for pool in flow.pools}
+        self._worker_seconds = dict.fromkeys(self._pools, 0.0)
 
     def run(self, max_sim_time_ms: float | None = None) -> RunOutcome:
         """Run until every request has ended (or the next timestamp passes the cap)."""
@@ -72,23 +200,33 @@ class Runtime:
             upcoming = min(
                 self.admission.next_ready_ms(self.now),
                 self._completions[0][0] if self._completions else math.inf,
+                self.flow.next_deadline(),
             )
             if upcoming == math.inf:
                 break
             if max_sim_time_ms is not None and upcoming > max_sim_time_ms:
-                self._apply_windows_up_to(max_sim_time_ms)
-                return RunOutcome(final_ms=self.now, time_limited=True)
-            # Cost integrates the provisioned workers over each clock advance, step by step.
-            self.worker_seconds += (upcoming - self.now) / 1000.0 * len(self.workers)
-            self.now = upcoming
+                self._deliver_windows_up_to(max_sim_time_ms)
+                return self._outcome(time_limited=True)
+            self._advance(upcoming)
             self._settle()
-        stuck = sum(w.in_flight() for w in self.workers)
-        if stuck or not self.admission.drained():
+        if self.ledger.in_flight or not self.admission.drained():
             raise SimulationError(
-                f"simulation reached a dead end at {self.now:.3f} ms with {stuck} request(s) that can "
-                "never be scheduled (a preempted sequence may have outgrown the KV cache)"
+                f"simulation reached a dead end at {self.now:.3f} ms with {self.ledger.in_flight} "
+                "request(s) that can never finish (a preempted sequence may have outgrown the KV cache)"
             )
-        return RunOutcome(final_ms=self.now, time_limited=False)
+        return self._outcome(time_limited=False)
+
+    def _advance(self, upcoming: float) -> None:
+        # Cost integrates the provisioned workers over each clock advance, step by step.
+        dt = (upcoming - self.now) / 1000.0
+        for stage, pool in self._pools.items():
+            self._worker_seconds[stage] += dt * len(pool.workers)
+        self.now = upcoming
+
+    def _outcome(self, *, time_limited: bool) -> RunOutcome:
+        return RunOutcome(
+            final_ms=self.now, time_limited=time_limited, worker_seconds=dict(self._worker_seconds)
+        )
 
     # ----- settle loop -----
 
@@ -96,27 +234,29 @@ class Runtime:
         now = self.now
         while True:
             changed = self._apply_completions(now)
+            changed |= self.flow.settle(now)
             changed |= self._release_arrivals(now)
             changed |= self._start_passes(now)
             if not changed:
                 return
 
     def _apply_completions(self, now: float) -> bool:
-        completions, workers = self._completions, self.workers
+        completions = self._completions
         changed = False
         while completions and completions[0][0] == now:
-            _, worker_id = heapq.heappop(completions)
-            worker = workers[worker_id]
+            _, stage, worker_id = heapq.heappop(completions)
+            pool = self._pools[Stage(stage)]
+            worker = pool.workers[worker_id]
             if worker.busy_until != now:
                 continue  # stale: its fast-forward window was cut to end earlier
-            self._wakeable.add(worker_id)
-            self._deliver(worker.finish_pass(), now)
+            pool.wake(worker_id)
+            self.flow.on_pass_end(pool, worker, worker.finish_pass(), now)
             changed = True
         return changed
 
     def _release_arrivals(self, now: float) -> bool:
         released = self.admission.release(now)
-        collector, records = self.collector, self._records
+        collector = self.ledger.collector
         for item in released:
             spec = item.spec
             record = collector.on_arrival(
@@ -126,70 +266,42 @@ class Runtime:
                 spec.session_id,
                 spec.turn_index,
             )
-            worker_id, rank = self.router.place()
-            collector.on_route(record, worker_id, rank)
-            request = EngineRequest(
-                record.uid, spec.prompt, spec.output_length, shared_blocks=spec.shared_blocks
-            )
-            records[record.uid] = record
-            self._released[record.uid] = item
-            cut_end = self.workers[worker_id].submit(rank, request, now)
-            if cut_end is not None:
-                heapq.heappush(self._completions, (cut_end, worker_id))
-            self._wakeable.add(worker_id)
+            self.ledger.open(record, item)
+            self.flow.admit(record, item, now)
         return bool(released)
 
     def _start_passes(self, now: float) -> bool:
-        if not self._wakeable:
-            return False
         started = False
-        wakeable = sorted(self._wakeable)  # lowest worker id first
-        self._wakeable.clear()
-        records, on_admit = self._records, self.collector.on_admit
-        for worker_id in wakeable:
-            worker = self.workers[worker_id]
-            if not worker.can_start():
+        for pool in self.flow.pools:
+            if not pool.wakeable:
                 continue
-            begun = worker.start_pass(now)
-            if begun is None:
-                continue
-            started = True
-            end, admitted = begun
-            for request, reused in admitted:
-                on_admit(records[request.uid], now, reused)
-            if end > now:
-                heapq.heappush(self._completions, (end, worker_id))
-            else:
-                self._wakeable.add(worker_id)
-                self._deliver(worker.finish_pass(), now)
+            wakeable = sorted(pool.wakeable)  # lowest worker id first
+            pool.wakeable.clear()
+            for worker_id in wakeable:
+                started |= self._start_pass(pool, worker_id, now)
         return started
 
-    def _apply_windows_up_to(self, limit: float) -> None:
+    def _start_pass(self, pool: Pool, worker_id: int, now: float) -> bool:
+        worker = pool.workers[worker_id]
+        if not worker.can_start():
+            return False
+        begun = worker.start_pass(now)
+        if begun is None:
+            return False
+        end, admitted = begun
+        self.flow.on_pass_start(pool, worker, admitted, now)
+        if end > now:
+            pool.schedule_end(worker_id, end)
+        else:
+            pool.wake(worker_id)
+            self.flow.on_pass_end(pool, worker, worker.finish_pass(), now)
+        return True
+
+    def _deliver_windows_up_to(self, limit: float) -> None:
         """At a time cap, make visible the fast-forwarded passes that end by ``limit``."""
-        for worker in self.workers:
-            if worker.in_window and worker.cut_by(limit):
-                assert worker.busy_until is not None
-                end = worker.busy_until
-                self._deliver(worker.finish_pass(), end)
-
-    # ----- pass effects -----
-
-    def _deliver(self, outputs: PassOutputs, now: float) -> None:
-        records, collector = self._records, self.collector
-        on_token = collector.on_token
-        for request in outputs.emitted:
-            on_token(records[request.uid], now)
-        for requests, times in outputs.streams:
-            collector.on_token_stream([records[r.uid] for r in requests], times)
-        for request in outputs.finished:
-            self._end(request.uid, now, Terminal.COMPLETED)
-        for request in outputs.rejected:
-            self._end(request.uid, now, Terminal.REJECTED)
-
-    def _end(self, uid: int, now: float, terminal: Terminal) -> None:
-        record = self._records.pop(uid)
-        self.collector.on_terminal(record, now, terminal)
-        self.admission.on_finished(self._released.pop(uid), now)
-        self._terminals += 1
-        if self._progress is not None:
-            self._progress(self._terminals)
+        for pool in self.flow.pools:
+            for worker in pool.workers:
+                if worker.in_window and worker.cut_by(limit):
+                    assert worker.busy_until is not None
+                    end = worker.busy_until
+                    self.flow.on_pass_end(pool, worker, worker.finish_pass(), end)
