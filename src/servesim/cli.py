@@ -11,9 +11,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from servesim.config import load_json_argument, parse_engine_args
+from servesim.config import EngineConfig, load_json_argument, parse_engine_args
 from servesim.errors import ConfigError, ServesimError
 from servesim.metrics.report import render_table, write_report_json, write_requests_jsonl
 from servesim.metrics.summary import Sla
@@ -89,7 +89,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--seed", type=int, default=42, help="seed of every random choice (42)")
     c = p.add_argument_group("cluster")
-    c.add_argument("--num-workers", type=_positive_int, default=1, help="aggregated workers (1)")
+    c.add_argument("--num-workers", type=_positive_int, help="aggregated workers (1)")
+    c.add_argument(
+        "--num-prefill-workers", type=_positive_int, help="disaggregated: prefill workers (1)"
+    )
+    c.add_argument(
+        "--num-decode-workers", type=_positive_int, help="disaggregated: decode workers (1)"
+    )
+    c.add_argument(
+        "--prefill-engine-args",
+        metavar="JSON",
+        help="disaggregated: prefill engine keys (JSON or @file)",
+    )
+    c.add_argument(
+        "--decode-engine-args",
+        metavar="JSON",
+        help="disaggregated: decode engine keys (JSON or @file)",
+    )
     c.add_argument("--router-mode", choices=["round_robin"], default="round_robin")
     c.add_argument(
         "--extra-engine-args", metavar="JSON", help="engine keys as inline JSON or @file"
@@ -153,20 +169,18 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             arrival_interval_ms=args.arrival_interval_ms,
             request_rate=args.request_rate,
         )
-    engine_raw = (
-        {}
-        if args.extra_engine_args is None
-        else load_json_argument(args.extra_engine_args, flag="--extra-engine-args")
-    )
+    engines = _engines(args, parser)
     return RunConfig(
         trace=trace,
         synthetic=synthetic,
         trace_block_size=args.trace_block_size,
         arrival_speedup_ratio=args.arrival_speedup_ratio,
         replay_concurrency=args.replay_concurrency,
-        num_workers=args.num_workers,
+        num_workers=args.num_workers or 1,
+        num_prefill_workers=args.num_prefill_workers or 1,
+        num_decode_workers=args.num_decode_workers or 1,
         router_mode=args.router_mode,
-        engine=parse_engine_args(engine_raw, source="--extra-engine-args"),
+        **engines,
         sla=Sla(ttft_ms=args.sla_ttft_ms, itl_ms=args.sla_itl_ms, e2e_ms=args.sla_e2e_ms),
         max_sim_time_ms=None
         if args.max_sim_time_seconds is None
@@ -174,6 +188,51 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         seed=args.seed,
         exact_passes=args.exact_passes,
     )
+
+
+def _engine_raw(text: str | None, flag: str) -> dict[str, Any]:
+    raw = {} if text is None else load_json_argument(text, flag=flag)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{flag} must be a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _engines(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, EngineConfig]:
+    """The engine configs of an aggregated or a disaggregated run, from the flags that chose it."""
+    disagg_flags = [
+        args.num_prefill_workers,
+        args.num_decode_workers,
+        args.prefill_engine_args,
+        args.decode_engine_args,
+    ]
+    if not any(v is not None for v in disagg_flags):
+        return {
+            "engine": parse_engine_args(
+                _engine_raw(args.extra_engine_args, "--extra-engine-args"),
+                source="--extra-engine-args",
+            )
+        }
+    if args.num_workers is not None or args.extra_engine_args is not None:
+        parser.error(
+            "--num-workers/--extra-engine-args are for aggregated runs; a disaggregated run takes "
+            "--num-prefill-workers, --num-decode-workers, --prefill-engine-args and --decode-engine-args"
+        )
+    prefill = _engine_raw(args.prefill_engine_args, "--prefill-engine-args")
+    decode = _engine_raw(args.decode_engine_args, "--decode-engine-args")
+    backends = [
+        str(raw.get("backend", raw.get("engine_type", "vllm"))).lower() for raw in (prefill, decode)
+    ]
+    if backends[0] != backends[1]:
+        raise ConfigError(
+            f"prefill and decode pools must use the same backend, got '{backends[0]}' (--prefill-engine-args) "
+            f"and '{backends[1]}' (--decode-engine-args)"
+        )
+    return {
+        "prefill_engine": parse_engine_args(
+            prefill, source="--prefill-engine-args", role="prefill"
+        ),
+        "decode_engine": parse_engine_args(decode, source="--decode-engine-args", role="decode"),
+    }
 
 
 def _progress_bar(total: int | None) -> Callable[[int], None] | None:

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servesim.cluster.disagg import DisaggregatedFlow
 from servesim.cluster.flows import AggregatedFlow
-from servesim.cluster.runtime import Ledger, Pool, Runtime, Stage
+from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, Stage
 from servesim.config import EngineConfig
 from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
@@ -38,7 +39,10 @@ class SyntheticWorkload:
 class RunConfig:
     """Everything one replay needs.
 
-    Exactly one of ``trace`` and ``synthetic`` describes the workload.
+    Exactly one of ``trace`` and ``synthetic`` describes the workload. The
+    run is disaggregated when ``prefill_engine`` and ``decode_engine`` are
+    given (with ``num_prefill_workers`` and ``num_decode_workers``);
+    otherwise ``num_workers`` aggregated workers run ``engine``.
     ``exact_passes`` steps every engine pass as its own event instead of
     fast-forwarding decode-only stretches (same results, slower; the oracle
     fast-forward is tested against).
@@ -52,10 +56,19 @@ class RunConfig:
     num_workers: int = 1
     router_mode: str = "round_robin"
     engine: EngineConfig = field(default_factory=EngineConfig)
+    prefill_engine: EngineConfig | None = None
+    decode_engine: EngineConfig | None = None
+    num_prefill_workers: int = 1
+    num_decode_workers: int = 1
     sla: Sla = field(default_factory=Sla)
     max_sim_time_ms: float | None = None
     seed: int = 42
     exact_passes: bool = False
+
+    @property
+    def disaggregated(self) -> bool:
+        """Prefill and decode run on separate pools."""
+        return self.prefill_engine is not None or self.decode_engine is not None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,39 +108,96 @@ def run(config: RunConfig, *, progress: Callable[[int], None] | None = None) -> 
         ServesimError: bad configuration or workload (ConfigError, TraceError),
             or a simulation that cannot finish (SimulationError).
     """
-    if config.num_workers < 1:
-        raise ConfigError(f"number of workers must be at least 1, got {config.num_workers}")
+    _validate(config)
+    sessions = _sessions(config)
+    # No KV-event consumer in these runs: blocks nobody else can match need no hash.
+    mark_shared_blocks(sessions, (config.prefill_engine or config.engine).block_size)
+    admission = AdmissionQueue(
+        sessions, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
+    )
+    collector = Collector()
+    ledger = Ledger(collector, admission, progress)
+    completions: list[tuple[float, int, int]] = []
+    flow, cost_of = _flow(config, ledger, completions)
+    runtime = Runtime(flow, admission, ledger, completions)
+    started = time.perf_counter()
+    outcome = runtime.run(config.max_sim_time_ms)
+    wall_ms = (time.perf_counter() - started) * 1000.0
+    cost = cost_of(outcome.worker_seconds)
+    summary = summarize(collector, cost=cost, sla=config.sla, wall_time_ms=wall_ms)
+    return Report(summary=summary, records=collector.records, time_limited=outcome.time_limited)
+
+
+def _validate(config: RunConfig) -> None:
     if config.router_mode != "round_robin":
         raise ConfigError(
             f"router mode '{config.router_mode}' is not supported yet (only 'round_robin')"
         )
     if config.max_sim_time_ms is not None and config.max_sim_time_ms < 0:
         raise ConfigError(f"max sim time must be non-negative, got {config.max_sim_time_ms}")
-    sessions = _sessions(config)
-    # No KV-event consumer in these runs: blocks nobody else can match need no hash.
-    mark_shared_blocks(sessions, config.engine.block_size)
-    admission = AdmissionQueue(
-        sessions, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
+    if not config.disaggregated:
+        if config.num_workers < 1:
+            raise ConfigError(f"number of workers must be at least 1, got {config.num_workers}")
+        return
+    prefill, decode = config.prefill_engine, config.decode_engine
+    if prefill is None or decode is None:
+        raise ConfigError("disaggregated replay needs both prefill and decode engine args")
+    for name, count in (
+        ("prefill", config.num_prefill_workers),
+        ("decode", config.num_decode_workers),
+    ):
+        if count < 1:
+            raise ConfigError(f"number of {name} workers must be at least 1, got {count}")
+    if prefill.backend != decode.backend:
+        raise ConfigError(
+            f"prefill and decode pools must use the same backend, got '{prefill.backend}' and '{decode.backend}'"
+        )
+    if prefill.block_size != decode.block_size:
+        raise ConfigError(
+            f"prefill and decode pools must use the same block_size, got {prefill.block_size} and {decode.block_size}"
+        )
+    for name, engine in (("prefill", prefill), ("decode", decode)):
+        if engine.dp_size != 1:
+            raise ConfigError(
+                f"disaggregated replay supports dp_size 1 only; the {name} engine has {engine.dp_size}"
+            )
+
+
+CostOf = Callable[[dict[Stage, float]], Cost]
+
+
+def _flow(
+    config: RunConfig, ledger: Ledger, completions: list[tuple[float, int, int]]
+) -> tuple[Flow, CostOf]:
+    """The flow the config asks for, and how to price its worker-seconds."""
+    fast = not config.exact_passes
+    if not config.disaggregated:
+        engine = config.engine
+        workers = [Worker(i, engine, fast_forward=fast) for i in range(config.num_workers)]
+        router = RoundRobinRouter([engine.dp_size] * config.num_workers)
+        flow = AggregatedFlow(Pool(Stage.AGGREGATED, workers, completions), router, ledger)
+        return flow, lambda ws: Cost(
+            decode_worker_seconds=ws[Stage.AGGREGATED],
+            decode_gpus_per_worker=engine.gpus_per_worker,
+        )
+    prefill, decode = config.prefill_engine, config.decode_engine
+    assert prefill is not None and decode is not None
+    prefill_pool = Pool(
+        Stage.PREFILL,
+        [Worker(i, prefill, fast_forward=fast) for i in range(config.num_prefill_workers)],
+        completions,
     )
-    workers = [
-        Worker(i, config.engine, fast_forward=not config.exact_passes)
-        for i in range(config.num_workers)
-    ]
-    router = RoundRobinRouter([config.engine.dp_size] * config.num_workers)
-    collector = Collector()
-    ledger = Ledger(collector, admission, progress)
-    completions: list[tuple[float, int, int]] = []
-    flow = AggregatedFlow(Pool(Stage.AGGREGATED, workers, completions), router, ledger)
-    runtime = Runtime(flow, admission, ledger, completions)
-    started = time.perf_counter()
-    outcome = runtime.run(config.max_sim_time_ms)
-    wall_ms = (time.perf_counter() - started) * 1000.0
-    cost = Cost(
-        decode_worker_seconds=outcome.worker_seconds[Stage.AGGREGATED],
-        decode_gpus_per_worker=config.engine.gpus_per_worker,
+    decode_pool = Pool(
+        Stage.DECODE,
+        [Worker(i, decode, fast_forward=fast) for i in range(config.num_decode_workers)],
+        completions,
     )
-    summary = summarize(collector, cost=cost, sla=config.sla, wall_time_ms=wall_ms)
-    return Report(summary=summary, records=collector.records, time_limited=outcome.time_limited)
+    return DisaggregatedFlow(prefill_pool, decode_pool, prefill, decode, ledger), lambda ws: Cost(
+        prefill_worker_seconds=ws[Stage.PREFILL],
+        decode_worker_seconds=ws[Stage.DECODE],
+        prefill_gpus_per_worker=prefill.gpus_per_worker,
+        decode_gpus_per_worker=decode.gpus_per_worker,
+    )
 
 
 def count_requests(config: RunConfig) -> int | None:

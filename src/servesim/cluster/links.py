@@ -33,10 +33,10 @@ simultaneous completions stay simultaneous.
 
 Invariants (checked by ``_check_invariants``):
   every active job has ``rate > 0`` and ``remaining <= work``;
-  no link's summed rate exceeds its capacity;
-  shared: every job has a bottleneck, a saturated link on which no job runs
-  faster (the definition of max-min fairness);
-  independent: every job runs at ``min(1, r)``;
+  shared: no link's summed rate exceeds its capacity, and every job has a
+  bottleneck, a full link on which no job runs faster (the definition of
+  max-min fairness);
+  independent: every job runs at ``min(1, r)`` (links are not capacity-bound);
   the link clock never goes backwards; each job ends exactly once, reported
   complete by ``advance`` or removed by ``cancel``.
 """
@@ -320,20 +320,22 @@ class TransferLinks:
 
     def _check_invariants(self) -> None:
         """Assert the module invariants (tests call this after every operation)."""
+        for i, job in self._jobs.items():
+            assert job.rate > 0, f"job {i} stalled"
+            assert job.remaining <= job.work, f"job {i} gained work"
+        if self._mode is LinkModel.INDEPENDENT:
+            # Independent links are not capacity-bound: that is the model.
+            solo = min(1.0, self._receive_capacity)
+            assert all(job.rate == solo for job in self._jobs.values()), "independent job shared"
+            return
         members = self._members()
         loads = {link: sum(self._jobs[i].rate for i in ids) for link, ids in members.items()}
         for link, load in loads.items():
             assert load <= self._capacity(link) * (1 + _TOLERANCE), f"{link} overloaded: {load}"
         for i, job in self._jobs.items():
-            assert job.rate > 0, f"job {i} stalled"
-            assert job.remaining <= job.work, f"job {i} gained work"
-            if self._mode is LinkModel.INDEPENDENT:
-                assert job.rate == min(1.0, self._receive_capacity), f"job {i} shared"
-            else:
-                assert any(
-                    self._is_bottleneck(job, link, members[link], loads[link])
-                    for link in job.links()
-                ), f"job {i} could run faster: rate {job.rate}"
+            assert any(
+                self._is_bottleneck(job, link, members[link], loads[link]) for link in job.links()
+            ), f"job {i} could run faster: rate {job.rate}"
 
     def _is_bottleneck(self, job: _Job, link: _Link, ids: list[int], load: float) -> bool:
         """Whether ``link`` is full and no job on it runs faster than ``job``."""

@@ -167,6 +167,17 @@ class VllmScheduler:
         request.status = Status.WAITING
         self.waiting.append(request)
 
+    def cancel_destination(self, request: EngineRequest) -> bool:
+        """Drop a reservation not yet activated (queued or holding blocks); False if there was none."""
+        if request in self.pending_reservations:
+            self.pending_reservations.remove(request)
+            return True
+        if not request.blocks or request.num_computed:
+            return False
+        self.pool.release(request.blocks)
+        self._reserved -= 1
+        return True
+
     def _try_reserve(self, request: EngineRequest) -> bool:
         if len(self.running) + len(self.waiting) + self._reserved >= self._max_seqs:
             return False

@@ -21,6 +21,10 @@ class RequestRecord:
 
     __slots__ = (
         "arrival_ms",
+        "decode_admit_ms",
+        "decode_reused",
+        "destination_activated_ms",
+        "destination_reserved_ms",
         "dp_rank",
         "first_admit_ms",
         "first_reused",
@@ -28,10 +32,14 @@ class RequestRecord:
         "input_length",
         "last_token_ms",
         "num_tokens",
+        "prefill_admit_ms",
+        "prefill_worker",
         "requested_output",
         "reused",
         "second_token_ms",
         "session_id",
+        "source_held_ms",
+        "source_released_ms",
         "terminal",
         "terminal_ms",
         "turn_index",
@@ -65,6 +73,15 @@ class RequestRecord:
         self.num_tokens = 0
         self.terminal: Terminal | None = None
         self.terminal_ms: float | None = None
+        # Disaggregated runs: the handoff's timeline (``worker`` is then the decode worker).
+        self.prefill_worker: int | None = None
+        self.prefill_admit_ms: float | None = None
+        self.source_held_ms: float | None = None
+        self.destination_reserved_ms: float | None = None
+        self.destination_activated_ms: float | None = None
+        self.decode_admit_ms: float | None = None
+        self.source_released_ms: float | None = None
+        self.decode_reused: int | None = None
 
 
 class Collector:

@@ -1,0 +1,341 @@
+"""The disaggregated flow: prefill on one pool, KV transfer, decode on another.
+
+Each request gets a :class:`~servesim.cluster.handoff.HandoffCoordinator`
+(source first, as vLLM): the flow carries out its actions against the pools
+and feeds back their outcomes and the facts the engines report::
+
+    arrival ─► SubmitPrefill: round robin over prefill workers; a one-token
+               (hidden) request prefills the prompt
+    prefill pass end ─► SourceHeld: the prefill rank keeps the prompt's KV
+    ReserveDestination: round robin over decode workers; waits for the decode
+               rank's pass in flight; the rank reserves the prompt's blocks
+    StartTransfer: the KV moves (fixed delay, or over shared links)
+    ActivateDestination: waits for the decode rank's pass in flight to end;
+               the request then joins the decode rank's queue, prebuilt
+    ReleaseSource: waits for the prefill rank's pass in flight; frees the KV
+    decode passes: every client-visible token; the last one ends the request
+
+A command that must not disturb a pass in flight is deferred to that worker's
+pass end and then runs before the pass's outputs are handled.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from servesim.cluster.handoff import (
+    Action,
+    ActivateDestination,
+    CancelDestination,
+    CancelSource,
+    Complete,
+    DestinationReserved,
+    Fact,
+    Failed,
+    HandoffCoordinator,
+    HandoffOrder,
+    HandoffPhase,
+    Outcome,
+    ReleaseSource,
+    ReserveDestination,
+    SourceHeld,
+    StartTransfer,
+    SubmitPrefill,
+    TransferCompleted,
+    TransferMode,
+    TransferTiming,
+)
+from servesim.cluster.links import LinkModel, TransferLinks
+from servesim.cluster.runtime import Ledger, Pool, Stage
+from servesim.config import EngineConfig
+from servesim.engine.request import EngineRequest
+from servesim.engine.vllm import VllmScheduler
+from servesim.engine.worker import PassOutputs, Worker
+from servesim.metrics.collector import RequestRecord, Terminal
+from servesim.router.round_robin import RoundRobinRouter
+from servesim.workload.admission import Released
+
+
+@dataclass(slots=True)
+class _Handoff:
+    """One request's way through the two pools."""
+
+    record: RequestRecord
+    released: Released
+    coordinator: HandoffCoordinator
+    prefill_at: tuple[int, int] | None = None  # (worker, rank)
+    decode_at: tuple[int, int] | None = None
+    prefill_request: EngineRequest | None = None
+    decode_request: EngineRequest | None = None
+    ended: bool = False  # the client saw its end (completed or rejected)
+
+
+class DisaggregatedFlow:
+    """Prefill pool, decode pool, their round-robin routers and the KV transfers between them."""
+
+    def __init__(
+        self,
+        prefill: Pool,
+        decode: Pool,
+        prefill_config: EngineConfig,
+        decode_config: EngineConfig,
+        ledger: Ledger,
+    ) -> None:
+        self.pools = [prefill, decode]
+        self._prefill, self._decode = prefill, decode
+        self._prefill_router = RoundRobinRouter([1] * len(prefill.workers))
+        self._decode_router = RoundRobinRouter([1] * len(decode.workers))
+        self._ledger = ledger
+        self._timing = prefill_config
+        self._handoffs: dict[int, _Handoff] = {}
+        self._pending: deque[tuple[int, Action]] = deque()
+        self._deferred: dict[tuple[Stage, int], list[tuple[int, Action]]] = {}
+        self._fixed: list[tuple[float, int]] = []  # (transfer end, uid): fixed-delay transfers
+        src_bw, dst_bw = prefill_config.kv_transfer_bandwidth, decode_config.kv_transfer_bandwidth
+        receive = dst_bw / src_bw if src_bw and dst_bw else math.inf
+        self._transfer_rate = min(1.0, receive)
+        self._links = (
+            TransferLinks(LinkModel.SHARED, receive)
+            if src_bw and prefill_config.kv_transfer_link_model == "shared"
+            else None
+        )
+
+    # ----- Flow protocol -----
+
+    def admit(self, record: RequestRecord, released: Released, now: float) -> None:
+        """See :class:`~servesim.cluster.runtime.Flow`: start the request's handoff."""
+        handoff = _Handoff(record, released, HandoffCoordinator(HandoffOrder.SOURCE_FIRST))
+        self._handoffs[record.uid] = handoff
+        self._queue(record.uid, handoff.coordinator.start())
+        self._drive(now)
+
+    def on_pass_start(
+        self, pool: Pool, worker: Worker, admitted: list[tuple[EngineRequest, int]], now: float
+    ) -> None:
+        """See :class:`~servesim.cluster.runtime.Flow`."""
+        collector = self._ledger.collector
+        for request, reused in admitted:
+            handoff = self._handoffs[request.uid]
+            record = handoff.record
+            if pool.stage is Stage.PREFILL:
+                collector.on_admit(record, now, reused)
+                if record.prefill_admit_ms is None:
+                    record.prefill_admit_ms = now
+            elif record.decode_admit_ms is None:
+                record.decode_admit_ms = now
+                if handoff.coordinator.phase is HandoffPhase.READY_DECODE:
+                    handoff.coordinator.decode_admitted()
+
+    def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
+        """See :class:`~servesim.cluster.runtime.Flow`."""
+        self._pending.extend(self._deferred.pop((pool.stage, worker.worker_id), ()))
+        if pool.stage is Stage.PREFILL:
+            self._prefill_ended(outputs, now)
+        else:
+            self._decode_ended(worker, outputs, now)
+
+    def settle(self, now: float) -> bool:
+        """See :class:`~servesim.cluster.runtime.Flow`: transfers due now, then queued actions."""
+        done: list[int] = []
+        while self._fixed and self._fixed[0][0] <= now:
+            done.append(heapq.heappop(self._fixed)[1])
+        if self._links is not None and self._links.next_completion_ms() <= now:
+            done += self._links.advance(now)
+        for uid in sorted(done):
+            self._fact(uid, TransferCompleted())
+        return self._drive(now) or bool(done)
+
+    def next_deadline(self) -> float:
+        """See :class:`~servesim.cluster.runtime.Flow`: the next transfer to finish."""
+        fixed = self._fixed[0][0] if self._fixed else math.inf
+        return min(fixed, self._links.next_completion_ms()) if self._links is not None else fixed
+
+    # ----- pass outputs -----
+
+    def _prefill_ended(self, outputs: PassOutputs, now: float) -> None:
+        timing = self._timing
+        for request in outputs.finished:
+            self._handoffs[request.uid].record.source_held_ms = now
+            self._fact(
+                request.uid,
+                SourceHeld(
+                    timing=TransferTiming(
+                        mode=TransferMode[timing.kv_transfer_timing_mode.upper()],
+                        full_prompt_tokens=request.prompt_len,
+                        kv_bytes_per_token=timing.kv_transfer_bytes_per_token,
+                        bandwidth_gb_s=timing.kv_transfer_bandwidth,
+                    )
+                ),
+            )
+        for request in outputs.rejected:
+            self._end(request.uid, now, Terminal.REJECTED)
+            self._fact(request.uid, Failed(reason="the prefill rank rejected the prompt"))
+
+    def _decode_ended(self, worker: Worker, outputs: PassOutputs, now: float) -> None:
+        ledger = self._ledger
+        ledger.deliver_tokens(outputs, now)
+        for request in outputs.finished:
+            self._decode_finished(request.uid, now, Terminal.COMPLETED)
+        for request in outputs.rejected:
+            self._decode_finished(request.uid, now, Terminal.REJECTED)
+        for rank in worker.ranks:
+            for request, reused, transferable in rank.retry_reservations():
+                self._reserved(request.uid, reused, transferable, now)
+
+    def _decode_finished(self, uid: int, now: float, terminal: Terminal) -> None:
+        handoff = self._handoffs[uid]
+        handoff.coordinator.decode_finished()
+        self._end(uid, now, terminal)
+        self._retire_if_done(uid)
+
+    # ----- actions -----
+
+    def _drive(self, now: float) -> bool:
+        pending = self._pending
+        driven = bool(pending)
+        while pending:
+            uid, action = pending.popleft()
+            self._execute(uid, action, now)
+        return driven
+
+    def _execute(self, uid: int, action: Action, now: float) -> None:
+        handoff = self._handoffs[uid]
+        match action:
+            case SubmitPrefill():
+                self._submit_prefill(handoff, action, now)
+            case ReserveDestination():
+                self._reserve_destination(handoff, action, now)
+            case StartTransfer(delay_ms=delay):
+                self._outcome(uid, action, Outcome.SCHEDULED)
+                self._start_transfer(handoff, delay, now)
+            case ActivateDestination():
+                self._activate(handoff, action, now)
+            case ReleaseSource() | CancelSource():
+                self._release_source(handoff, action, now)
+            case CancelDestination():
+                self._cancel_destination(handoff, action, now)
+            case Complete():
+                self._retire_if_done(uid)
+
+    def _submit_prefill(self, handoff: _Handoff, action: SubmitPrefill, now: float) -> None:
+        spec, uid = handoff.released.spec, handoff.record.uid
+        worker, rank = self._prefill_router.place()
+        handoff.prefill_at = (worker, rank)
+        handoff.record.prefill_worker = worker
+        # The prefill side computes the prompt and one hidden token; the decode side emits them all.
+        request = EngineRequest(
+            uid, spec.prompt, min(spec.output_length, 1), shared_blocks=spec.shared_blocks
+        )
+        handoff.prefill_request = request
+        self._prefill.submit(worker, rank, request, now)
+        self._outcome(uid, action, Outcome.SUBMITTED)
+
+    def _reserve_destination(
+        self, handoff: _Handoff, action: ReserveDestination, now: float
+    ) -> None:
+        spec, uid = handoff.released.spec, handoff.record.uid
+        if handoff.decode_at is None:
+            worker, rank = self._decode_router.place()
+            handoff.decode_at = (worker, rank)
+            self._ledger.collector.on_route(handoff.record, worker, rank)
+            # The reference's destinations reuse no cached prefix: reserve every prompt block fresh.
+            handoff.decode_request = EngineRequest(
+                uid, spec.prompt, spec.output_length, shared_blocks=0
+            )
+        worker = handoff.decode_at[0]
+        if self._decode.settle_worker(worker, now):
+            self._deferred.setdefault((Stage.DECODE, worker), []).append((uid, action))
+            return
+        assert handoff.decode_request is not None
+        reservation = self._decode_rank(handoff).reserve_destination(handoff.decode_request)
+        self._outcome(uid, action, Outcome.ACCEPTED)
+        if reservation is not None:
+            self._reserved(uid, *reservation, now)
+
+    def _reserved(self, uid: int, reused: int, transferable: int, now: float) -> None:
+        record = self._handoffs[uid].record
+        record.destination_reserved_ms = now
+        record.decode_reused = reused
+        self._fact(uid, DestinationReserved(transferable_prompt_tokens=transferable))
+
+    def _start_transfer(self, handoff: _Handoff, delay: float, now: float) -> None:
+        uid = handoff.record.uid
+        if delay <= 0:
+            self._fact(uid, TransferCompleted())
+        elif self._links is not None:
+            assert handoff.prefill_at is not None and handoff.decode_at is not None
+            self._links.submit(uid, handoff.prefill_at[0], handoff.decode_at[0], delay, now)
+        else:
+            heapq.heappush(self._fixed, (now + delay / self._transfer_rate, uid))
+
+    def _activate(self, handoff: _Handoff, action: ActivateDestination, now: float) -> None:
+        assert handoff.decode_at is not None and handoff.decode_request is not None
+        worker = handoff.decode_at[0]
+        if self._decode.settle_worker(worker, now):
+            self._deferred.setdefault((Stage.DECODE, worker), []).append(
+                (handoff.record.uid, action)
+            )
+            return
+        self._decode_rank(handoff).activate_destination(handoff.decode_request)
+        self._decode.wake(worker)
+        handoff.record.destination_activated_ms = now
+        self._outcome(handoff.record.uid, action, Outcome.APPLIED)
+
+    def _release_source(
+        self, handoff: _Handoff, action: ReleaseSource | CancelSource, now: float
+    ) -> None:
+        assert handoff.prefill_at is not None
+        worker = handoff.prefill_at[0]
+        if self._prefill.settle_worker(worker, now):
+            self._deferred.setdefault((Stage.PREFILL, worker), []).append(
+                (handoff.record.uid, action)
+            )
+            return
+        released = self._prefill_rank(handoff).release_source(handoff.record.uid)
+        if released:
+            self._prefill.wake(worker)
+            if isinstance(action, ReleaseSource):
+                handoff.record.source_released_ms = now
+        self._outcome(handoff.record.uid, action, Outcome.APPLIED if released else Outcome.NOOP)
+
+    def _cancel_destination(self, handoff: _Handoff, action: CancelDestination, now: float) -> None:
+        cancelled = False
+        if handoff.decode_at is not None and handoff.decode_request is not None:
+            self._decode.settle_worker(handoff.decode_at[0], now)
+            cancelled = self._decode_rank(handoff).cancel_destination(handoff.decode_request)
+        self._outcome(handoff.record.uid, action, Outcome.APPLIED if cancelled else Outcome.NOOP)
+
+    # ----- bookkeeping -----
+
+    def _outcome(self, uid: int, action: Action, outcome: Outcome) -> None:
+        self._queue(uid, self._handoffs[uid].coordinator.on_outcome(action.id, outcome))
+
+    def _fact(self, uid: int, fact: Fact) -> None:
+        self._queue(uid, self._handoffs[uid].coordinator.on_fact(fact))
+
+    def _queue(self, uid: int, actions: list[Action]) -> None:
+        self._pending.extend((uid, action) for action in actions)
+
+    def _end(self, uid: int, now: float, terminal: Terminal) -> None:
+        handoff = self._handoffs[uid]
+        if not handoff.ended:
+            handoff.ended = True
+            self._ledger.end(uid, now, terminal)
+
+    def _retire_if_done(self, uid: int) -> None:
+        handoff = self._handoffs[uid]
+        if handoff.ended and handoff.coordinator.is_complete:
+            del self._handoffs[uid]
+
+    def _prefill_rank(self, handoff: _Handoff) -> VllmScheduler:
+        assert handoff.prefill_at is not None
+        worker, rank = handoff.prefill_at
+        return self._prefill.workers[worker].ranks[rank]
+
+    def _decode_rank(self, handoff: _Handoff) -> VllmScheduler:
+        assert handoff.decode_at is not None
+        worker, rank = handoff.decode_at
+        return self._decode.workers[worker].ranks[rank]
