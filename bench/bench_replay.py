@@ -18,6 +18,7 @@ MB means 10^6 bytes. Without the reference's environment, servesim runs alone.
 Benchmarks:
   mooncake  the full Mooncake conversation trace (12,031 requests), 16 workers, round robin
   batch     20,000 synthetic requests (2,000 in, 300 out), concurrency 256, 4 workers
+  disagg    the same trace as mooncake on 4 prefill and 12 decode workers
 
     python bench/bench_replay.py                 # all benchmarks
     python bench/bench_replay.py batch --venv .reference-venv --servesim "python -m servesim"
@@ -47,6 +48,18 @@ BENCHMARKS: dict[str, tuple[str, dict[str, object]]] = {
             "router_mode": "round_robin",
             "num_workers": 16,
             "engine": {"block_size": 64},
+        },
+    ),
+    "disagg": (
+        "Mooncake conversation trace, 4 prefill + 12 decode workers, round robin",
+        {
+            "trace": str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl"),
+            "trace_block_size": 512,
+            "router_mode": "round_robin",
+            "num_prefill_workers": 4,
+            "num_decode_workers": 12,
+            "prefill_engine": {"block_size": 64},
+            "decode_engine": {"block_size": 64},
         },
     ),
     "batch": (

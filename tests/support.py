@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from servesim.cluster.disagg import DisaggregatedFlow
 from servesim.cluster.flows import AggregatedFlow
 from servesim.cluster.runtime import Ledger, Pool, RunOutcome, Runtime, Stage
 from servesim.config import EngineConfig
@@ -32,3 +33,32 @@ def replay_aggregated(
     )
     outcome = Runtime(flow, admission, ledger, completions).run(max_sim_time_ms)
     return collector, outcome
+
+
+def replay_disaggregated(
+    sessions: list[Session],
+    prefill: EngineConfig,
+    decode: EngineConfig,
+    *,
+    prefill_workers: int,
+    decode_workers: int,
+    fast_forward: bool = True,
+    concurrency: int | None = None,
+) -> tuple[Collector, DisaggregatedFlow, RunOutcome]:
+    """Replay ``sessions`` on a prefill pool and a decode pool (round robin on each)."""
+    collector = Collector()
+    admission = AdmissionQueue(sessions, concurrency=concurrency)
+    ledger = Ledger(collector, admission, None)
+    completions: list[tuple[float, int, int]] = []
+    pools = [
+        Pool(
+            stage, [Worker(i, config, fast_forward=fast_forward) for i in range(count)], completions
+        )
+        for stage, config, count in (
+            (Stage.PREFILL, prefill, prefill_workers),
+            (Stage.DECODE, decode, decode_workers),
+        )
+    ]
+    flow = DisaggregatedFlow(pools[0], pools[1], prefill, decode, ledger)
+    outcome = Runtime(flow, admission, ledger, completions).run()
+    return collector, flow, outcome

@@ -296,3 +296,99 @@ def test_valid_tiny_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     report, records = _outputs(tmp_path)
     assert "summary" in json.loads(report.read_text())
     assert len(records.read_text().splitlines()) == 3
+
+
+# --- disaggregated runs ---------------------------------------------------------------------
+
+DISAGG = ["--num-prefill-workers", "1", "--num-decode-workers", "1"]
+
+
+def test_disagg_flags_mixed_with_aggregated_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Disaggregated pool flags cannot be combined with --num-workers."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        *DISAGG,
+        "--num-workers",
+        "2",
+        expect=["--num-workers", "disaggregated"],
+    )
+
+
+def test_mismatched_backends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Prefill and decode pools on different backends are refused, naming both."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        *DISAGG,
+        "--prefill-engine-args",
+        '{"backend": "vllm"}',
+        "--decode-engine-args",
+        '{"backend": "sglang"}',
+        expect=["same backend", "'vllm'", "'sglang'"],
+    )
+
+
+def test_decode_engine_given_a_prefill_only_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The transfer's timing mode belongs to the prefill side; on the decode side it is an error."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        *DISAGG,
+        "--decode-engine-args",
+        '{"kv_transfer_timing_mode": "destination_missing"}',
+        expect=["--decode-engine-args", "kv_transfer_timing_mode", "prefill"],
+    )
+
+
+def test_decode_engine_with_the_prefill_worker_type(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A decode engine declaring itself a prefill worker is refused."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        *DISAGG,
+        "--decode-engine-args",
+        '{"worker_type": "prefill"}',
+        expect=["--decode-engine-args", "worker_type", "decode"],
+    )
+
+
+@pytest.mark.parametrize("bandwidth", ["0", "-5"])
+def test_zero_or_negative_bandwidth(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bandwidth: str
+) -> None:
+    """A transfer bandwidth must be positive."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        *DISAGG,
+        "--prefill-engine-args",
+        f'{{"kv_transfer_bandwidth": {bandwidth}, "kv_transfer_bytes_per_token": 1024}}',
+        expect=["kv_transfer_bandwidth", "greater than 0"],
+    )
+
+
+def test_dp_size_disaggregated_replay_does_not_support(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Disaggregated replay runs one DP rank per worker; more is refused."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        *DISAGG,
+        "--decode-engine-args",
+        '{"dp_size": 2}',
+        expect=["dp_size", "decode"],
+    )

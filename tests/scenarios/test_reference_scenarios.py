@@ -56,18 +56,26 @@ def scenario_argv(sc: dict[str, Any], shared: Path, workdir: Path, report: Path)
             argv += ["--arrival-interval-ms", str(syn["arrival_interval_ms"])]
     if sc.get("replay_concurrency") is not None:
         argv += ["--replay-concurrency", str(sc["replay_concurrency"])]
-    engine = {**sc.get("engine", {}), **sc.get("servesim_engine_overrides", {})}
+    overrides = sc.get("servesim_engine_overrides", {})
     argv += [
         "--router-mode",
         sc.get("router_mode", "round_robin"),
-        "--num-workers",
-        str(sc.get("num_workers", 1)),
-        "--extra-engine-args",
-        json.dumps(engine),
         "--report-json",
         str(report),
         "--quiet",
     ]
+    if "prefill_engine" in sc or "decode_engine" in sc:
+        argv += [
+            "--num-prefill-workers", str(sc.get("num_prefill_workers", 1)),
+            "--num-decode-workers", str(sc.get("num_decode_workers", 1)),
+            "--prefill-engine-args", json.dumps({**sc.get("prefill_engine", {}), **overrides}),
+            "--decode-engine-args", json.dumps({**sc.get("decode_engine", {}), **overrides}),
+        ]  # fmt: skip
+    else:
+        argv += [
+            "--num-workers", str(sc.get("num_workers", 1)),
+            "--extra-engine-args", json.dumps({**sc.get("engine", {}), **overrides}),
+        ]  # fmt: skip
     return argv
 
 
