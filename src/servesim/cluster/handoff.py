@@ -509,7 +509,12 @@ class HandoffCoordinator:
 
     @property
     def lifecycle(self) -> tuple[LifecycleEvent, ...]:
-        """The normalized steps so far (see :data:`NORMALIZED_LIFECYCLE`)."""
+        """The normalized steps so far (see :data:`NORMALIZED_LIFECYCLE`).
+
+        Facts and successful outcomes in the order they arrived, then COMPLETED or
+        CANCELED when :class:`Complete` is issued. Each side's cleanup (released,
+        canceled) is recorded once, by whichever outcome cleaned it first.
+        """
         return tuple(self._lifecycle)
 
     # --------------------------------------------------------------------- inputs
@@ -686,16 +691,26 @@ class HandoffCoordinator:
                 self._lifecycle.append(LifecycleEvent.DESTINATION_ACTIVATED)
                 self._move_if_active(_P.READY_DECODE, _P.TRANSFER_PENDING)
             case ReleaseSource():
-                self._lifecycle.append(LifecycleEvent.SOURCE_RELEASED)
-                self._source_clean = True
+                self._clean_source(LifecycleEvent.SOURCE_RELEASED)
             case CancelSource():
-                self._lifecycle.append(LifecycleEvent.SOURCE_CANCELED)
-                self._source_clean = True
+                self._clean_source(LifecycleEvent.SOURCE_CANCELED)
             case CancelDestination():
-                self._lifecycle.append(LifecycleEvent.DESTINATION_CANCELED)
-                self._destination_clean = True
+                self._clean_destination(LifecycleEvent.DESTINATION_CANCELED)
             case Complete():
                 raise AssertionError("Complete expects no outcome; _check_outcome lets none in")
+
+    def _clean_source(self, event: LifecycleEvent) -> None:
+        # A release and a cancel may both be answered (cleanup began while the
+        # release was outstanding); the first frees the KV, the other is a no-op
+        # and is not recorded, so the lifecycle names one cleanup per side.
+        if not self._source_clean:
+            self._source_clean = True
+            self._lifecycle.append(event)
+
+    def _clean_destination(self, event: LifecycleEvent) -> None:
+        if not self._destination_clean:  # decode may have freed it already
+            self._destination_clean = True
+            self._lifecycle.append(event)
 
     # -------------------------------------------------------------------- actions
 
