@@ -80,7 +80,8 @@ class Pool:
         return worker.busy
 
     def wake(self, worker_id: int) -> None:
-        """Let a worker try to start a pass at the next opportunity."""
+        """Something changed a worker's state: let it try to start a pass at the next opportunity."""
+        self.workers[worker_id].stalled = False
         self.wakeable.add(worker_id)
 
     def schedule_end(self, worker_id: int, end: float) -> None:

@@ -309,12 +309,12 @@ class VllmScheduler:
     def _schedule_waiting(self) -> None:
         waiting, running, result = self.waiting, self.running, self._result
         while waiting and len(running) < self._max_seqs:
-            request = waiting[0]
+            request = self._waiting_head()
             cached = self._admission(request)
             if cached is None:
                 return
             if cached < 0:
-                waiting.popleft()
+                waiting.remove(request)
                 request.status = Status.FINISHED
                 result.rejected.append(request)
                 continue
@@ -323,6 +323,19 @@ class VllmScheduler:
                 return
             if self._budget == 0:
                 return
+
+    def _waiting_head(self) -> EngineRequest:
+        """The next request to admit: FIFO, except that a prebuilt destination goes first.
+
+        A decode rank's activated request already holds all its blocks, so
+        admitting it never waits for capacity; letting it pass a preempted
+        request that waits for blocks is what keeps the two from deadlocking.
+        """
+        if self.config.worker_type == "decode":
+            for request in self.waiting:
+                if request.blocks and request.num_computed:
+                    return request
+        return self.waiting[0]
 
     def _admission(self, request: EngineRequest) -> int | None:
         """Cached prefix tokens to reuse if the request can be admitted now.
@@ -386,7 +399,7 @@ class VllmScheduler:
         self._scheduled[request] = (desired, prompt_before, prompt_tokens)
         self._budget = budget - desired
         if from_waiting:
-            self.waiting.popleft()
+            self.waiting.remove(request)
             request.status = Status.RUNNING
             self.running.append(request)
             self._result.admitted.append((request, cached))
