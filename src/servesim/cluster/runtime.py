@@ -299,10 +299,8 @@ class Runtime:
         return True
 
     def _deliver_windows_up_to(self, limit: float) -> None:
-        """At a time cap, make visible the fast-forwarded passes that end by ``limit``."""
+        """At a time cap, make visible the fast-forwarded tokens stamped by ``limit``."""
         for pool in self.flow.pools:
             for worker in pool.workers:
-                if worker.in_window and worker.cut_by(limit):
-                    assert worker.busy_until is not None
-                    end = worker.busy_until
-                    self.flow.on_pass_end(pool, worker, worker.finish_pass(), end)
+                if worker.busy:
+                    self.flow.on_pass_end(pool, worker, worker.visible_by(limit), limit)

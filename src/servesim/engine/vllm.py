@@ -210,7 +210,9 @@ class VllmScheduler:
         if not result.preempted and len(self.running) < self._max_seqs:
             self._schedule_waiting()
         result.end_ms = self._emit(now)
-        result.progressed = bool(self._scheduled or result.finished or result.rejected)
+        result.progressed = bool(
+            self._scheduled or result.finished or result.rejected or result.preempted
+        )
         return result
 
     # ----- decode fast-forward -----

@@ -123,20 +123,20 @@ class Worker:
         passes = max(1, int(np.searchsorted(window.ends, now, side="left")) + 1)
         return self._apply(window, min(passes, len(window.ends)))
 
-    def cut_by(self, limit: float) -> bool:
-        """At a time cap: keep the window's passes that end by ``limit``; False if none does."""
-        window = self._window
-        assert window is not None
-        keep = int(np.searchsorted(window.ends, limit, side="right"))
-        if keep == 0:
-            return False
-        self._apply(window, keep)
-        return True
+    def visible_by(self, limit: float) -> PassOutputs:
+        """At a time cap: the fast-forwarded tokens stamped by ``limit`` (nothing else ends by then).
 
-    @property
-    def in_window(self) -> bool:
-        """Whether a fast-forward window is planned and not yet applied."""
-        return self._window is not None
+        The caller stops the run: the worker's pass in flight never ends.
+        """
+        window = self._window
+        if window is not None:
+            self._apply(window, max(1, int(np.searchsorted(window.ends, limit, side="right"))))
+        out = PassOutputs()
+        for requests, times in self._outputs.streams:
+            shown = times[times <= limit]
+            if len(shown):
+                out.streams.append((requests, shown))
+        return out
 
     def can_start(self) -> bool:
         """Idle, not stalled, and some rank has work."""

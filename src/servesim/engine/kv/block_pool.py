@@ -32,6 +32,8 @@ UNNAMED: BlockHash = 1 << 64
 Outside the u64 range of real hashes. Such a block behaves as cached (it goes
 to the LRU when released, and is evicted from it) but is not in the hash
 index; :meth:`BlockPool.name` gives it its real hash if its owner needs it.
+Released onto an empty LRU it goes to the free list's tail instead: it would
+be the next block taken after the free list either way.
 """
 
 
@@ -225,7 +227,13 @@ class BlockPool:
             refs[block] = left
             if left:
                 continue
-            if block_hash[block] is None:
+            h = block_hash[block]
+            if h is None:
+                free.append(block)
+            elif h == UNNAMED and not lru:
+                # An unnamed block at the LRU head would be the next one taken after the
+                # free list, with no identity to lose: the free list's tail is the same place.
+                block_hash[block] = None
                 free.append(block)
             else:
                 lru[block] = None
