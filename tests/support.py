@@ -8,7 +8,7 @@ from servesim.cluster.runtime import Ledger, Pool, RunOutcome, Runtime, Stage
 from servesim.config import EngineConfig
 from servesim.engine.worker import Worker
 from servesim.metrics.collector import Collector
-from servesim.router.round_robin import RoundRobinRouter
+from servesim.router.routing import RoundRobinPolicy
 from servesim.workload.admission import AdmissionQueue
 from servesim.workload.request import Session
 
@@ -28,8 +28,9 @@ def replay_aggregated(
     completions: list[tuple[float, int, int]] = []
     flow = AggregatedFlow(
         Pool(Stage.AGGREGATED, workers, completions),
-        RoundRobinRouter([config.dp_size] * len(workers)),
+        RoundRobinPolicy([config.dp_size] * len(workers)),
         ledger,
+        block_size=config.block_size,
     )
     outcome = Runtime(flow, admission, ledger, completions).run(max_sim_time_ms)
     return collector, outcome

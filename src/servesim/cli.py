@@ -13,7 +13,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from servesim.config import EngineConfig, load_json_argument, parse_engine_args
+from servesim.config import (
+    EngineConfig,
+    RouterConfig,
+    load_json_argument,
+    parse_engine_args,
+    parse_router_config,
+)
 from servesim.errors import ConfigError, ServesimError
 from servesim.metrics.report import render_table, write_report_json, write_requests_jsonl
 from servesim.metrics.summary import Sla
@@ -106,7 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help="disaggregated: decode engine keys (JSON or @file)",
     )
-    c.add_argument("--router-mode", choices=["round_robin"], default="round_robin")
+    c.add_argument("--router-mode", choices=["round_robin", "kv_router"], default="round_robin")
+    c.add_argument(
+        "--router-config",
+        metavar="JSON",
+        help="KV router settings (KvRouterConfig keys) as JSON or @file",
+    )
     c.add_argument(
         "--extra-engine-args", metavar="JSON", help="engine keys as inline JSON or @file"
     )
@@ -180,6 +191,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         num_prefill_workers=args.num_prefill_workers or 1,
         num_decode_workers=args.num_decode_workers or 1,
         router_mode=args.router_mode,
+        router=_router(args, parser),
         **engines,
         sla=Sla(ttft_ms=args.sla_ttft_ms, itl_ms=args.sla_itl_ms, e2e_ms=args.sla_e2e_ms),
         max_sim_time_ms=None
@@ -188,6 +200,14 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         seed=args.seed,
         exact_passes=args.exact_passes,
     )
+
+
+def _router(args: argparse.Namespace, parser: argparse.ArgumentParser) -> RouterConfig:
+    if args.router_config is None:
+        return RouterConfig()
+    if args.router_mode != "kv_router":
+        parser.error("--router-config applies to --router-mode kv_router")
+    return parse_router_config(load_json_argument(args.router_config, flag="--router-config"))
 
 
 def _engine_raw(text: str | None, flag: str) -> dict[str, Any]:

@@ -364,3 +364,144 @@ def load_json_argument(text: str, *, flag: str) -> Any:
         raise ConfigError(
             f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
+
+
+# ----- router -----
+
+_QUEUE_POLICIES = ("fcfs", "lcfs", "wspt")
+
+
+def _non_negative_float(key: str, value: Any) -> Any:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigError(f"router key '{key}' must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _router_only(default: Any, feature: str) -> Parser:
+    def parse(key: str, value: Any) -> Any:
+        if value != default:
+            raise ConfigError(
+                f"router key '{key}' ({feature}) is not supported by servesim yet; "
+                f"remove it or set it to {json.dumps(default)}"
+            )
+        return value
+
+    return parse
+
+
+def _router_bool(key: str, value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise ConfigError(f"router key '{key}' must be true or false, got {value!r}")
+    return value
+
+
+def _queue_policy(key: str, value: Any) -> Any:
+    if value not in _QUEUE_POLICIES:
+        raise ConfigError(
+            f"router key '{key}' must be one of {', '.join(_QUEUE_POLICIES)}, got {value!r}"
+        )
+    return value
+
+
+def _queue_threshold(key: str, value: Any) -> Any:
+    return None if value is None else _non_negative_float(key, value)
+
+
+def _any_value(key: str, value: Any) -> Any:
+    return value
+
+
+# The reference's KvRouterConfig (Dynamo 1.6.1): key -> (attribute or None, parser, default).
+_ROUTER_KEYS: dict[str, tuple[str | None, Parser, Any]] = {
+    "overlap_score_credit": ("overlap_score_credit", _non_negative_float, 1.0),
+    "overlap_score_credit_decay": ("overlap_score_credit_decay", _non_negative_float, 0.0),
+    "prefill_load_scale": ("prefill_load_scale", _non_negative_float, 1.0),
+    "decode_active_request_weight": ("decode_active_request_weight", _non_negative_float, 0.0),
+    "router_temperature": ("router_temperature", _non_negative_float, 0.0),
+    "router_track_active_blocks": ("router_track_active_blocks", _router_bool, True),
+    "router_assume_kv_reuse": ("router_assume_kv_reuse", _router_bool, True),
+    "router_track_prefill_tokens": ("router_track_prefill_tokens", _router_bool, True),
+    "router_queue_threshold": ("router_queue_threshold", _queue_threshold, None),
+    "router_queue_policy": ("router_queue_policy", _queue_policy, "fcfs"),
+    # Device-tier replay: host and disk tiers hold nothing, so their weights have no effect.
+    "host_cache_hit_weight": (None, _non_negative_float, 0.75),
+    "disk_cache_hit_weight": (None, _non_negative_float, 0.25),
+    # Live-serving plumbing with no effect on an offline replay.
+    "use_kv_events": (None, _router_bool, True),
+    "router_replica_sync": (None, _router_bool, False),
+    "router_ttl_secs": (None, _non_negative_float, 120.0),
+    "router_approximate_cache_policy": (None, _any_value, "ttl"),
+    "router_event_threads": (None, _any_value, 4),
+    "router_tracking_hash": (
+        None,
+        _router_only("public-xxh3-v1", "tracking hash"),
+        "public-xxh3-v1",
+    ),
+    "router_tracking_key_file": (None, _router_only(None, "tracking keys"), None),
+    "router_tracking_key_id": (None, _router_only(None, "tracking keys"), None),
+    # Features of later work: only their defaults are accepted.
+    "overlap_score_weight": (None, _router_only(None, "the pre-1.6 cost formula"), None),
+    "router_track_output_blocks": (None, _router_only(False, "output-block tracking"), False),
+    "router_prefill_load_model": (None, _router_only("none", "AIC prefill load model"), "none"),
+    "router_predicted_ttl_secs": (None, _router_only(None, "predicted TTL"), None),
+    "use_remote_indexer": (None, _router_only(False, "remote indexer"), False),
+    "serve_indexer": (None, _router_only(False, "remote indexer"), False),
+    "enable_session_prefix_index": (None, _router_only(False, "session prefix index"), False),
+    "shared_cache_multiplier": (None, _router_only(None, "shared cache tier"), None),
+    "shared_cache_type": (None, _router_only("none", "shared cache tier"), "none"),
+    "conditional_disagg_enabled": (None, _router_only(False, "conditional disaggregation"), False),
+    "conditional_disagg_policy": (None, _any_value, "isl_bounding"),
+    "conditional_disagg_eff_isl_threshold": (None, _any_value, 2048),
+    "conditional_disagg_eff_isl_ratio_threshold": (None, _any_value, 0.7),
+    "conditional_disagg_prefill_busy_threshold": (None, _any_value, None),
+    "conditional_disagg_decode_busy_threshold": (None, _any_value, None),
+    "router_policy_config": (None, _router_only(None, "router policy profiles"), None),
+    "router_prefill_policy": (None, _router_only(None, "router policy profiles"), None),
+    "router_decode_policy": (None, _router_only(None, "router policy profiles"), None),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouterConfig:
+    """The KV router's tunables, with the reference's (``KvRouterConfig``, 1.6.1) names and defaults."""
+
+    overlap_score_credit: float = 1.0
+    overlap_score_credit_decay: float = 0.0
+    prefill_load_scale: float = 1.0
+    decode_active_request_weight: float = 0.0
+    router_temperature: float = 0.0
+    router_track_active_blocks: bool = True
+    router_assume_kv_reuse: bool = True
+    router_track_prefill_tokens: bool = True
+    router_queue_threshold: float | None = None
+    router_queue_policy: str = "fcfs"
+
+
+def parse_router_config(raw: Any, *, source: str = "--router-config") -> RouterConfig:
+    """Validate a partial ``KvRouterConfig`` object.
+
+    Raises:
+        ConfigError: not an object, an unknown key, or a bad value (naming it).
+    """
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source} must contain a JSON object, got {type(raw).__name__}")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        spec = _ROUTER_KEYS.get(key)
+        if spec is None:
+            raise ConfigError(
+                f"{source}: unknown router key '{key}'; known keys: {', '.join(sorted(_ROUTER_KEYS))}"
+            )
+        attribute, parse, _default = spec
+        try:
+            parsed = parse(key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        if attribute is not None:
+            values[attribute] = parsed
+    return RouterConfig(**values)

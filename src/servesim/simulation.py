@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,12 +12,14 @@ from typing import Any
 from servesim.cluster.disagg import DisaggregatedFlow
 from servesim.cluster.flows import AggregatedFlow
 from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, Stage
-from servesim.config import EngineConfig
+from servesim.config import EngineConfig, RouterConfig
 from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.collector import Collector, RequestRecord
 from servesim.metrics.summary import Cost, Sla, summarize
-from servesim.router.round_robin import RoundRobinRouter
+from servesim.router.indexer import KvIndexer
+from servesim.router.kv_router import KvRouter
+from servesim.router.routing import KvPolicy, PlacementPolicy, RoundRobinPolicy
 from servesim.workload.admission import AdmissionQueue
 from servesim.workload.mooncake import read_mooncake
 from servesim.workload.request import Session
@@ -56,6 +59,7 @@ class RunConfig:
     num_workers: int = 1
     router_mode: str = "round_robin"
     engine: EngineConfig = field(default_factory=EngineConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
     prefill_engine: EngineConfig | None = None
     decode_engine: EngineConfig | None = None
     num_prefill_workers: int = 1
@@ -129,9 +133,9 @@ def run(config: RunConfig, *, progress: Callable[[int], None] | None = None) -> 
 
 
 def _validate(config: RunConfig) -> None:
-    if config.router_mode != "round_robin":
+    if config.router_mode not in ("round_robin", "kv_router"):
         raise ConfigError(
-            f"router mode '{config.router_mode}' is not supported yet (only 'round_robin')"
+            f"router mode must be 'round_robin' or 'kv_router', got '{config.router_mode}'"
         )
     if config.max_sim_time_ms is not None and config.max_sim_time_ms < 0:
         raise ConfigError(f"max sim time must be non-negative, got {config.max_sim_time_ms}")
@@ -173,9 +177,24 @@ def _flow(
     fast = not config.exact_passes
     if not config.disaggregated:
         engine = config.engine
-        workers = [Worker(i, engine, fast_forward=fast) for i in range(config.num_workers)]
-        router = RoundRobinRouter([engine.dp_size] * config.num_workers)
-        flow = AggregatedFlow(Pool(Stage.AGGREGATED, workers, completions), router, ledger)
+        kv = config.router_mode == "kv_router"
+        workers = [
+            Worker(i, engine, fast_forward=fast, kv_events=kv) for i in range(config.num_workers)
+        ]
+        pool = Pool(Stage.AGGREGATED, workers, completions)
+        indexer = KvIndexer() if kv else None
+        policy: PlacementPolicy = RoundRobinPolicy([engine.dp_size] * config.num_workers)
+        if kv:
+            targets = config.num_workers * engine.dp_size
+            router = KvRouter(
+                config.router,
+                targets,
+                engine.block_size,
+                random.Random(config.seed),
+                indexer=indexer,
+            )
+            policy = KvPolicy(router, engine.dp_size, config.router, engine.max_num_batched_tokens)
+        flow = AggregatedFlow(pool, policy, ledger, block_size=engine.block_size, indexer=indexer)
         return flow, lambda ws: Cost(
             decode_worker_seconds=ws[Stage.AGGREGATED],
             decode_gpus_per_worker=engine.gpus_per_worker,

@@ -5,31 +5,64 @@ from __future__ import annotations
 import math
 
 from servesim.cluster.runtime import Ledger, Pool
+from servesim.engine.kv.hashing import chain_all
 from servesim.engine.request import EngineRequest
 from servesim.engine.worker import PassOutputs, Worker
 from servesim.metrics.collector import RequestRecord, Terminal
-from servesim.router.round_robin import RoundRobinRouter
+from servesim.router.indexer import KvIndexer
+from servesim.router.kv_router import RouteRequest
+from servesim.router.routing import PlacementPolicy, Routed
 from servesim.workload.admission import Released
+from servesim.workload.request import RequestSpec
+
+
+def route_request(
+    uid: int, spec: RequestSpec, block_size: int, *, with_hashes: bool
+) -> RouteRequest:
+    """The router's view of a request: its size and the hashes of the blocks others may share."""
+    prompt = spec.prompt
+    hashes: list[int] = []
+    if with_hashes:
+        full = prompt.length // block_size
+        shared = full if spec.shared_blocks is None else min(spec.shared_blocks, full)
+        hashes = chain_all(prompt.block_hashes(block_size, shared))
+    return RouteRequest(
+        uid=uid, isl=prompt.length, blocks=-(-prompt.length // block_size), hashes=hashes
+    )
 
 
 class AggregatedFlow:
-    """Round-robin placement over one pool of aggregated workers."""
+    """A placement policy (round robin or KV router) over one pool of aggregated workers.
 
-    def __init__(self, pool: Pool, router: RoundRobinRouter, ledger: Ledger) -> None:
+    With an indexer, the workers' KV events feed it at each pass start (when a
+    vLLM pass makes its blocks visible) and after each command.
+    """
+
+    def __init__(
+        self,
+        pool: Pool,
+        policy: PlacementPolicy,
+        ledger: Ledger,
+        *,
+        block_size: int,
+        indexer: KvIndexer | None = None,
+    ) -> None:
         self.pools = [pool]
         self._pool = pool
-        self._router = router
+        self._policy = policy
         self._ledger = ledger
+        self._block_size = block_size
+        self._indexer = indexer
+        self._unplaced: dict[int, tuple[RequestSpec, RouteRequest]] = {}
 
     def admit(self, record: RequestRecord, released: Released, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
         spec = released.spec
-        worker, rank = self._router.place()
-        self._ledger.collector.on_route(record, worker, rank)
-        request = EngineRequest(
-            record.uid, spec.prompt, spec.output_length, shared_blocks=spec.shared_blocks
+        route = route_request(
+            record.uid, spec, self._block_size, with_hashes=self._indexer is not None
         )
-        self._pool.submit(worker, rank, request, now)
+        self._unplaced[record.uid] = (spec, route)
+        self._dispatch(self._policy.place(route, now, priority=spec.priority), now)
 
     def on_pass_start(
         self, pool: Pool, worker: Worker, admitted: list[tuple[EngineRequest, int]], now: float
@@ -38,15 +71,25 @@ class AggregatedFlow:
         ledger = self._ledger
         for request, reused in admitted:
             ledger.collector.on_admit(ledger.record(request.uid), now, reused)
+        self._observe(worker)
 
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
-        ledger = self._ledger
+        ledger, policy = self._ledger, self._policy
         ledger.deliver_tokens(outputs, now)
+        self._observe(worker)
+        for request in outputs.emitted:
+            if (
+                ledger.record(request.uid).num_tokens == 1
+                and request.generated < request.max_output
+            ):
+                self._dispatch(policy.prefill_completed(request.uid, now), now)
         for request in outputs.finished:
             ledger.end(request.uid, now, Terminal.COMPLETED)
+            self._dispatch(policy.request_ended(request.uid, now), now)
         for request in outputs.rejected:
             ledger.end(request.uid, now, Terminal.REJECTED)
+            self._dispatch(policy.request_ended(request.uid, now), now)
 
     def settle(self, now: float) -> bool:
         """See :class:`~servesim.cluster.runtime.Flow`: nothing of its own."""
@@ -55,3 +98,27 @@ class AggregatedFlow:
     def next_deadline(self) -> float:
         """See :class:`~servesim.cluster.runtime.Flow`: no timers of its own."""
         return math.inf
+
+    def _dispatch(self, placed: list[Routed], now: float) -> None:
+        collector = self._ledger.collector
+        for routed in placed:
+            spec, route = self._unplaced.pop(routed.uid)
+            record = self._ledger.record(routed.uid)
+            collector.on_route(record, routed.worker, routed.rank)
+            record.queue_wait_ms = routed.queued_ms
+            if self._indexer is not None:
+                record.overlap_blocks = routed.overlap_blocks
+                record.best_overlap_blocks = routed.best_overlap_blocks
+            request = EngineRequest(
+                routed.uid, spec.prompt, spec.output_length, shared_blocks=spec.shared_blocks
+            )
+            request.hashes = route.hashes.copy()
+            self._pool.submit(routed.worker, routed.rank, request, now)
+            self._observe(self._pool.workers[routed.worker])
+
+    def _observe(self, worker: Worker) -> None:
+        if self._indexer is None:
+            return
+        dp = len(worker.ranks)
+        for rank, events in worker.take_events():
+            self._indexer.apply(worker.worker_id * dp + rank, events)

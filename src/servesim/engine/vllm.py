@@ -249,8 +249,13 @@ class VllmScheduler:
 
     def _passes_with_blocks(self, lengths: list[int], passes: int) -> int:
         """How many of the next ``passes`` passes the pool can supply new blocks for without preempting."""
-        spare = self.pool.num_free + self.pool.num_inactive
+        pool = self.pool
         bs = self.block_size
+        spare = pool.num_free + pool.num_inactive
+        if pool.events is not None:
+            # Someone watches KV events: evicting a named block would publish a Removed
+            # mid-window, so the window may only evict unnamed ones.
+            spare = pool.num_free + pool.unnamed_lru_prefix(len(lengths) * (-(-passes // bs)))
         # Pass j needs a block for a request of length L when L + j - 1 is a multiple of bs.
         needs = sorted(j for length in lengths for j in range((1 - length) % bs, passes, bs))
         return passes if len(needs) <= spare else needs[spare]

@@ -76,14 +76,18 @@ class Worker:
         worker_id: int,
         config: EngineConfig,
         *,
-        events: list[KvEvent] | None = None,
+        kv_events: bool = False,
         fast_forward: bool = True,
     ) -> None:
         self.worker_id = worker_id
         self.config = config
         self.fast_forward = fast_forward
         timing = make_timing(config)
-        self.ranks = [VllmScheduler(config, timing, events=events) for _ in range(config.dp_size)]
+        # With kv_events, each rank records its KV events for a router to drain (see take_events).
+        self.ranks = [
+            VllmScheduler(config, timing, events=[] if kv_events else None)
+            for _ in range(config.dp_size)
+        ]
         self.busy_until: float | None = None
         # Set when a pass could do nothing; cleared when a request is submitted.
         self.stalled = False
@@ -169,6 +173,16 @@ class Worker:
             self._apply(self._window, len(self._window.ends))
         self.busy_until = None
         out, self._outputs = self._outputs, PassOutputs()
+        return out
+
+    def take_events(self) -> list[tuple[int, list[KvEvent]]]:
+        """Each rank's KV events since the last call, as (rank, events)."""
+        out = []
+        for index, rank in enumerate(self.ranks):
+            events = rank.pool.events
+            if events:
+                out.append((index, events.copy()))
+                events.clear()
         return out
 
     def in_flight(self) -> int:

@@ -21,6 +21,7 @@ class RequestRecord:
 
     __slots__ = (
         "arrival_ms",
+        "best_overlap_blocks",
         "decode_admit_ms",
         "decode_reused",
         "destination_activated_ms",
@@ -32,8 +33,10 @@ class RequestRecord:
         "input_length",
         "last_token_ms",
         "num_tokens",
+        "overlap_blocks",
         "prefill_admit_ms",
         "prefill_worker",
+        "queue_wait_ms",
         "requested_output",
         "reused",
         "second_token_ms",
@@ -82,6 +85,10 @@ class RequestRecord:
         self.decode_admit_ms: float | None = None
         self.source_released_ms: float | None = None
         self.decode_reused: int | None = None
+        # Routing facts: cached blocks on the chosen target, the best any target had, router queue wait.
+        self.overlap_blocks: int | None = None
+        self.best_overlap_blocks: int | None = None
+        self.queue_wait_ms = 0.0
 
 
 class Collector:

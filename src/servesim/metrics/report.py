@@ -54,6 +54,9 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "decode_admit_ms": r.decode_admit_ms,
         "source_released_ms": r.source_released_ms,
         "decode_reused_input_tokens": r.decode_reused,
+        "selected_overlap_blocks": r.overlap_blocks,
+        "best_available_overlap_blocks": r.best_overlap_blocks,
+        "queue_wait_ms": r.queue_wait_ms,
         "dp_rank": r.dp_rank,
         "terminal_status": r.terminal.value if r.terminal is not None else "incomplete",
     }

@@ -115,6 +115,9 @@ def summarize(collector: Collector, *, cost: Cost, sla: Sla, wall_time_ms: float
     _dist(out, "itl", collector.itl.describe())
     _dist(out, "e2e_latency", describe(e2e))
     _dist(out, "output_token_throughput_per_user", collector.per_user.describe(), suffix="")
+    waits = [r.queue_wait_ms for r in records if r.queue_wait_ms > 0]
+    out["router_queued_requests"] = len(waits)
+    _dist(out, "router_queue_wait", describe(waits))
     if sla.any:
         good = [r for r in done if _is_good(r, sla)]
         out["goodput_completed_requests"] = len(good)

@@ -124,6 +124,16 @@ class BlockPool:
                 active += 1
         return hits, active
 
+    def unnamed_lru_prefix(self, limit: int) -> int:
+        """How many of the oldest inactive blocks (at most ``limit``) are unnamed: evicting them emits nothing."""
+        count = 0
+        block_hash = self._hash
+        for block in self._lru:
+            if count >= limit or block_hash[block] != UNNAMED:
+                break
+            count += 1
+        return count
+
     def lru_order(self) -> list[BlockId]:
         """Inactive blocks, next to be evicted first (for tests and diagnostics)."""
         return list(self._lru)

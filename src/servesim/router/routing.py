@@ -1,0 +1,150 @@
+"""Placement policies the flows use: round robin, or the KV router with its queue.
+
+A policy places a request on a (worker, DP rank) now, or keeps it pending;
+every call may release pending requests (when loads fall), which the flow
+dispatches at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from servesim.config import RouterConfig
+from servesim.router.kv_router import KvRouter, Placement, RouteRequest
+from servesim.router.queue import RouterQueue
+from servesim.router.round_robin import RoundRobinRouter
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Routed:
+    """A request placed on ``worker``'s rank ``rank`` at ``at_ms`` (after ``queued_ms`` in the router queue)."""
+
+    uid: int
+    worker: int
+    rank: int
+    at_ms: float
+    queued_ms: float = 0.0
+    overlap_blocks: int = 0
+    best_overlap_blocks: int = 0
+
+
+class PlacementPolicy(Protocol):
+    """Where requests go."""
+
+    def place(self, request: RouteRequest, now: float, *, priority: int = 0) -> list[Routed]:
+        """Route a new request; returns every request placed by this call."""
+        ...
+
+    def prefill_completed(self, uid: int, now: float) -> list[Routed]:
+        """A request's prompt is computed; returns requests released from the queue."""
+        ...
+
+    def request_ended(self, uid: int, now: float) -> list[Routed]:
+        """A request ended; returns requests released from the queue."""
+        ...
+
+
+class RoundRobinPolicy:
+    """Round robin over workers and ranks; never queues."""
+
+    def __init__(self, dp_sizes: list[int]) -> None:
+        self._rr = RoundRobinRouter(dp_sizes)
+
+    def place(self, request: RouteRequest, now: float, *, priority: int = 0) -> list[Routed]:
+        """See :class:`PlacementPolicy`."""
+        worker, rank = self._rr.place()
+        return [Routed(uid=request.uid, worker=worker, rank=rank, at_ms=now)]
+
+    def prefill_completed(self, uid: int, now: float) -> list[Routed]:
+        """See :class:`PlacementPolicy`: nothing to release."""
+        return []
+
+    def request_ended(self, uid: int, now: float) -> list[Routed]:
+        """See :class:`PlacementPolicy`: nothing to release."""
+        return []
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: RouteRequest
+    enqueued_ms: float
+
+
+class KvPolicy:
+    """The KV router over ``workers x dp_size`` targets, with the optional busy queue.
+
+    A target is busy while its uncached prompt tokens in flight exceed
+    ``router_queue_threshold x max_num_batched_tokens``. With a threshold, a
+    request waits while the queue is not empty or every target is busy; the
+    queue drains whenever a prefill completes or a request ends.
+    """
+
+    def __init__(
+        self, router: KvRouter, dp_size: int, config: RouterConfig, max_batched_tokens: int | None
+    ) -> None:
+        self.router = router
+        self._dp = dp_size
+        self._queue: RouterQueue[_Pending] | None = None
+        self._busy_tokens = math.inf
+        if config.router_queue_threshold is not None:
+            self._queue = RouterQueue(config.router_queue_policy)
+            self._busy_tokens = config.router_queue_threshold * (max_batched_tokens or math.inf)
+
+    def place(self, request: RouteRequest, now: float, *, priority: int = 0) -> list[Routed]:
+        """See :class:`PlacementPolicy`."""
+        queue = self._queue
+        if queue is not None and (len(queue) or self._all_busy()):
+            overlaps = self.router.overlaps(request)
+            best = max(overlaps.values(), default=0) * self.router.block_size
+            queue.push(
+                _Pending(request, now),
+                now=now,
+                isl=request.isl,
+                best_cached_tokens=best,
+                priority=priority,
+            )
+            return []
+        return [self._route(request, now, now)]
+
+    def prefill_completed(self, uid: int, now: float) -> list[Routed]:
+        """See :class:`PlacementPolicy`."""
+        self.router.prefill_completed(uid)
+        return self._drain(now)
+
+    def request_ended(self, uid: int, now: float) -> list[Routed]:
+        """See :class:`PlacementPolicy`."""
+        self.router.free(uid)
+        return self._drain(now)
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting in the queue."""
+        return len(self._queue) if self._queue is not None else 0
+
+    def _drain(self, now: float) -> list[Routed]:
+        queue = self._queue
+        released: list[Routed] = []
+        while queue is not None and len(queue) and not self._all_busy():
+            pending = queue.pop()
+            released.append(self._route(pending.request, now, pending.enqueued_ms))
+        return released
+
+    def _route(self, request: RouteRequest, now: float, enqueued: float) -> Routed:
+        placement: Placement = self.router.select(request)
+        self.router.add(request, placement)
+        worker, rank = divmod(placement.target, self._dp)
+        return Routed(
+            uid=request.uid,
+            worker=worker,
+            rank=rank,
+            at_ms=now,
+            queued_ms=now - enqueued,
+            overlap_blocks=placement.overlap_blocks,
+            best_overlap_blocks=placement.best_overlap_blocks,
+        )
+
+    def _all_busy(self) -> bool:
+        limit = self._busy_tokens
+        return all(self.router.prefill_tokens(t) > limit for t in range(self.router.targets))
