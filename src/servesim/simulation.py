@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -194,16 +194,22 @@ def _flow(
                 indexer=indexer,
             )
             policy = KvPolicy(router, engine.dp_size, config.router, engine.max_num_batched_tokens)
-        flow = AggregatedFlow(pool, policy, ledger, block_size=engine.block_size, indexer=indexer)
+        flow: Flow = AggregatedFlow(
+            pool, policy, ledger, block_size=engine.block_size, indexer=indexer
+        )
         return flow, lambda ws: Cost(
             decode_worker_seconds=ws[Stage.AGGREGATED],
             decode_gpus_per_worker=engine.gpus_per_worker,
         )
     prefill, decode = config.prefill_engine, config.decode_engine
     assert prefill is not None and decode is not None
+    kv = config.router_mode == "kv_router"
     prefill_pool = Pool(
         Stage.PREFILL,
-        [Worker(i, prefill, fast_forward=fast) for i in range(config.num_prefill_workers)],
+        [
+            Worker(i, prefill, fast_forward=fast, kv_events=kv)
+            for i in range(config.num_prefill_workers)
+        ],
         completions,
     )
     decode_pool = Pool(
@@ -211,7 +217,44 @@ def _flow(
         [Worker(i, decode, fast_forward=fast) for i in range(config.num_decode_workers)],
         completions,
     )
-    return DisaggregatedFlow(prefill_pool, decode_pool, prefill, decode, ledger), lambda ws: Cost(
+    indexer = KvIndexer() if kv else None
+    policies: dict[str, PlacementPolicy] = {}
+    if kv:
+        rng = random.Random(config.seed)
+        # The prefill router sees KV events and prefill load; the decode router balances decode load only.
+        prefill_router = replace(config.router, router_track_active_blocks=False)
+        decode_router = replace(
+            config.router,
+            overlap_score_credit=0.0,
+            router_assume_kv_reuse=False,
+            router_track_prefill_tokens=False,
+        )
+        policies = {
+            "prefill_policy": KvPolicy(
+                KvRouter(
+                    prefill_router,
+                    config.num_prefill_workers,
+                    prefill.block_size,
+                    rng,
+                    indexer=indexer,
+                ),
+                1,
+                prefill_router,
+                prefill.max_num_batched_tokens,
+            ),
+            "decode_policy": KvPolicy(
+                KvRouter(
+                    decode_router, config.num_decode_workers, decode.block_size, rng, indexer=None
+                ),
+                1,
+                decode_router,
+                decode.max_num_batched_tokens,
+            ),
+        }
+    flow = DisaggregatedFlow(
+        prefill_pool, decode_pool, prefill, decode, ledger, indexer=indexer, **policies
+    )
+    return flow, lambda ws: Cost(
         prefill_worker_seconds=ws[Stage.PREFILL],
         decode_worker_seconds=ws[Stage.DECODE],
         prefill_gpus_per_worker=prefill.gpus_per_worker,

@@ -18,7 +18,7 @@ from servesim.cli import main
 from tests.scenarios.test_reference_scenarios import scenario_argv
 
 SCENARIOS = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "scenarios"
-UNSUPPORTED = ("kv_router", "sglang", "trtllm")
+UNSUPPORTED = ("sglang", "trtllm")
 
 
 def supported(path: Path) -> bool:

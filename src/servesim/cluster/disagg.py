@@ -26,6 +26,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from servesim.cluster.flows import route_request
 from servesim.cluster.handoff import (
     Action,
     ActivateDestination,
@@ -55,7 +56,9 @@ from servesim.engine.request import EngineRequest
 from servesim.engine.vllm import VllmScheduler
 from servesim.engine.worker import PassOutputs, Worker
 from servesim.metrics.collector import RequestRecord, Terminal
-from servesim.router.round_robin import RoundRobinRouter
+from servesim.router.indexer import KvIndexer
+from servesim.router.kv_router import RouteRequest
+from servesim.router.routing import PlacementPolicy, RoundRobinPolicy, Routed
 from servesim.workload.admission import Released
 
 
@@ -70,11 +73,18 @@ class _Handoff:
     decode_at: tuple[int, int] | None = None
     prefill_request: EngineRequest | None = None
     decode_request: EngineRequest | None = None
+    route: RouteRequest | None = None  # the prefill router's view, kept while it may queue
+    submit_action: SubmitPrefill | None = None
     ended: bool = False  # the client saw its end (completed or rejected)
 
 
 class DisaggregatedFlow:
-    """Prefill pool, decode pool, their round-robin routers and the KV transfers between them."""
+    """Prefill pool, decode pool, their placement policies and the KV transfers between them.
+
+    Round robin on both pools by default; with a KV router, the prefill policy
+    sees the prefill workers' KV events and prefill load, and the decode
+    policy balances decode load only.
+    """
 
     def __init__(
         self,
@@ -83,11 +93,17 @@ class DisaggregatedFlow:
         prefill_config: EngineConfig,
         decode_config: EngineConfig,
         ledger: Ledger,
+        *,
+        prefill_policy: PlacementPolicy | None = None,
+        decode_policy: PlacementPolicy | None = None,
+        indexer: KvIndexer | None = None,
     ) -> None:
         self.pools = [prefill, decode]
         self._prefill, self._decode = prefill, decode
-        self._prefill_router = RoundRobinRouter([1] * len(prefill.workers))
-        self._decode_router = RoundRobinRouter([1] * len(decode.workers))
+        self._prefill_policy = prefill_policy or RoundRobinPolicy([1] * len(prefill.workers))
+        self._decode_policy = decode_policy or RoundRobinPolicy([1] * len(decode.workers))
+        self._indexer = indexer  # of the prefill pool; decode workers publish no KV events
+        self._block_size = prefill_config.block_size
         self._ledger = ledger
         self._timing = prefill_config
         self._handoffs: dict[int, _Handoff] = {}
@@ -128,11 +144,14 @@ class DisaggregatedFlow:
                 record.decode_admit_ms = now
                 if handoff.coordinator.phase is HandoffPhase.READY_DECODE:
                     handoff.coordinator.decode_admitted()
+        if pool.stage is Stage.PREFILL:
+            self._observe(worker)
 
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
         self._pending.extend(self._deferred.pop((pool.stage, worker.worker_id), ()))
         if pool.stage is Stage.PREFILL:
+            self._observe(worker)
             self._prefill_ended(outputs, now)
         else:
             self._decode_ended(worker, outputs, now)
@@ -159,6 +178,7 @@ class DisaggregatedFlow:
         timing = self._timing
         for request in outputs.finished:
             self._handoffs[request.uid].record.source_held_ms = now
+            self._dispatch_prefill(self._prefill_policy.prefill_completed(request.uid, now), now)
             self._fact(
                 request.uid,
                 SourceHeld(
@@ -188,6 +208,7 @@ class DisaggregatedFlow:
     def _decode_finished(self, uid: int, now: float, terminal: Terminal) -> None:
         handoff = self._handoffs[uid]
         handoff.coordinator.decode_finished()
+        self._decode_policy.request_ended(uid, now)
         self._end(uid, now, terminal)
         self._retire_if_done(uid)
 
@@ -218,27 +239,54 @@ class DisaggregatedFlow:
             case CancelDestination():
                 self._cancel_destination(handoff, action, now)
             case Complete():
+                self._dispatch_prefill(self._prefill_policy.request_ended(uid, now), now)
                 self._retire_if_done(uid)
 
     def _submit_prefill(self, handoff: _Handoff, action: SubmitPrefill, now: float) -> None:
         spec, uid = handoff.released.spec, handoff.record.uid
-        worker, rank = self._prefill_router.place()
-        handoff.prefill_at = (worker, rank)
-        handoff.record.prefill_worker = worker
-        # The prefill side computes the prompt and one hidden token; the decode side emits them all.
-        request = EngineRequest(
-            uid, spec.prompt, min(spec.output_length, 1), shared_blocks=spec.shared_blocks
-        )
-        handoff.prefill_request = request
-        self._prefill.submit(worker, rank, request, now)
-        self._outcome(uid, action, Outcome.SUBMITTED)
+        route = route_request(uid, spec, self._block_size, with_hashes=self._indexer is not None)
+        handoff.route = route
+        handoff.submit_action = action
+        self._dispatch_prefill(self._prefill_policy.place(route, now, priority=spec.priority), now)
+
+    def _dispatch_prefill(self, placed: list[Routed], now: float) -> None:
+        """Submit prefills the router placed (now, or released from its queue)."""
+        for routed in placed:
+            handoff = self._handoffs[routed.uid]
+            spec, record = handoff.released.spec, handoff.record
+            assert handoff.route is not None and handoff.submit_action is not None
+            handoff.prefill_at = (routed.worker, routed.rank)
+            record.prefill_worker = routed.worker
+            record.queue_wait_ms = routed.queued_ms
+            if self._indexer is not None:
+                record.overlap_blocks = routed.overlap_blocks
+                record.best_overlap_blocks = routed.best_overlap_blocks
+            # The prefill side computes the prompt and one hidden token; the decode side emits them all.
+            request = EngineRequest(
+                routed.uid,
+                spec.prompt,
+                min(spec.output_length, 1),
+                shared_blocks=spec.shared_blocks,
+            )
+            request.hashes = handoff.route.hashes.copy()
+            handoff.prefill_request = request
+            self._prefill.submit(routed.worker, routed.rank, request, now)
+            self._observe(self._prefill.workers[routed.worker])
+            self._outcome(routed.uid, handoff.submit_action, Outcome.SUBMITTED)
 
     def _reserve_destination(
         self, handoff: _Handoff, action: ReserveDestination, now: float
     ) -> None:
         spec, uid = handoff.released.spec, handoff.record.uid
         if handoff.decode_at is None:
-            worker, rank = self._decode_router.place()
+            route = RouteRequest(
+                uid=uid,
+                isl=spec.input_length,
+                blocks=-(-spec.input_length // self._block_size),
+                hashes=[],
+            )
+            (routed,) = self._decode_policy.place(route, now)
+            worker, rank = routed.worker, routed.rank
             handoff.decode_at = (worker, rank)
             self._ledger.collector.on_route(handoff.record, worker, rank)
             # The reference's destinations reuse no cached prefix: reserve every prompt block fresh.
@@ -295,6 +343,7 @@ class DisaggregatedFlow:
             )
             return
         released = self._prefill_rank(handoff).release_source(handoff.record.uid)
+        self._observe(self._prefill.workers[worker])
         if released:
             self._prefill.wake(worker)
             if isinstance(action, ReleaseSource):
@@ -329,6 +378,11 @@ class DisaggregatedFlow:
         handoff = self._handoffs[uid]
         if handoff.ended and handoff.coordinator.is_complete:
             del self._handoffs[uid]
+
+    def _observe(self, worker: Worker) -> None:
+        if self._indexer is not None:
+            for _rank, events in worker.take_events():
+                self._indexer.apply(worker.worker_id, events)
 
     def _prefill_rank(self, handoff: _Handoff) -> VllmScheduler:
         assert handoff.prefill_at is not None
