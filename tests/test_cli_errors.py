@@ -392,3 +392,50 @@ def test_dp_size_disaggregated_replay_does_not_support(
         '{"dp_size": 2}',
         expect=["dp_size", "decode"],
     )
+
+
+# --- router config --------------------------------------------------------------------------
+
+KV = [*SYNTHETIC, "--num-workers", "2", "--router-mode", "kv_router"]
+
+
+def test_unknown_router_config_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown --router-config key is named."""
+    _fails(
+        tmp_path,
+        capsys,
+        *KV,
+        "--router-config",
+        '{"overlap_weight": 2}',
+        expect=["'overlap_weight'", "unknown"],
+    )
+
+
+def test_negative_router_temperature(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A temperature below 0 is refused, naming the key and value."""
+    _fails(
+        tmp_path, capsys, *KV, "--router-config", '{"router_temperature": -0.5}',
+        expect=["router_temperature", "-0.5"],
+    )  # fmt: skip
+
+
+def test_unknown_queue_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A queue policy that does not exist is refused with the ones that do."""
+    _fails(
+        tmp_path, capsys, *KV, "--router-config", '{"router_queue_policy": "sjf"}',
+        expect=["router_queue_policy", "'sjf'", "wspt"],
+    )  # fmt: skip
+
+
+def test_router_config_without_the_kv_router(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--router-config only applies to the KV router."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--router-config",
+        "{}",
+        expect=["--router-config", "kv_router"],
+    )

@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--router-mode", choices=["round_robin", "kv_router"], default="round_robin")
     c.add_argument(
+        "--session-affinity",
+        choices=["disabled", "local", "modulo", "hrw"],
+        default="disabled",
+        help="KV router: keep a session's turns on one worker (simulation-only modes of the reference)",
+    )
+    c.add_argument(
         "--router-config",
         metavar="JSON",
         help="KV router settings (KvRouterConfig keys) as JSON or @file",
@@ -192,6 +198,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         num_decode_workers=args.num_decode_workers or 1,
         router_mode=args.router_mode,
         router=_router(args, parser),
+        session_affinity=args.session_affinity,
         **engines,
         sla=Sla(ttft_ms=args.sla_ttft_ms, itl_ms=args.sla_itl_ms, e2e_ms=args.sla_e2e_ms),
         max_sim_time_ms=None

@@ -17,6 +17,8 @@ from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.collector import Collector, RequestRecord
 from servesim.metrics.summary import Cost, Sla, summarize
+from servesim.router.affinity import MODES as AFFINITY_MODES
+from servesim.router.affinity import SessionAffinity
 from servesim.router.indexer import KvIndexer
 from servesim.router.kv_router import KvRouter
 from servesim.router.routing import KvPolicy, PlacementPolicy, RoundRobinPolicy
@@ -60,6 +62,7 @@ class RunConfig:
     router_mode: str = "round_robin"
     engine: EngineConfig = field(default_factory=EngineConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    session_affinity: str = "disabled"
     prefill_engine: EngineConfig | None = None
     decode_engine: EngineConfig | None = None
     num_prefill_workers: int = 1
@@ -137,6 +140,12 @@ def _validate(config: RunConfig) -> None:
         raise ConfigError(
             f"router mode must be 'round_robin' or 'kv_router', got '{config.router_mode}'"
         )
+    if config.session_affinity not in AFFINITY_MODES:
+        raise ConfigError(
+            f"session affinity must be one of {', '.join(AFFINITY_MODES)}, got '{config.session_affinity}'"
+        )
+    if config.session_affinity != "disabled" and config.router_mode != "kv_router":
+        raise ConfigError("session affinity needs --router-mode kv_router")
     if config.max_sim_time_ms is not None and config.max_sim_time_ms < 0:
         raise ConfigError(f"max sim time must be non-negative, got {config.max_sim_time_ms}")
     if not config.disaggregated:
@@ -193,7 +202,13 @@ def _flow(
                 random.Random(config.seed),
                 indexer=indexer,
             )
-            policy = KvPolicy(router, engine.dp_size, config.router, engine.max_num_batched_tokens)
+            policy = KvPolicy(
+                router,
+                engine.dp_size,
+                config.router,
+                engine.max_num_batched_tokens,
+                affinity=SessionAffinity(config.session_affinity, targets),
+            )
         flow: Flow = AggregatedFlow(
             pool, policy, ledger, block_size=engine.block_size, indexer=indexer
         )
@@ -241,6 +256,7 @@ def _flow(
                 1,
                 prefill_router,
                 prefill.max_num_batched_tokens,
+                affinity=SessionAffinity(config.session_affinity, config.num_prefill_workers),
             ),
             "decode_policy": KvPolicy(
                 KvRouter(

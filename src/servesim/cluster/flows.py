@@ -27,7 +27,11 @@ def route_request(
         shared = full if spec.shared_blocks is None else min(spec.shared_blocks, full)
         hashes = chain_all(prompt.block_hashes(block_size, shared))
     return RouteRequest(
-        uid=uid, isl=prompt.length, blocks=-(-prompt.length // block_size), hashes=hashes
+        uid=uid,
+        isl=prompt.length,
+        blocks=-(-prompt.length // block_size),
+        hashes=hashes,
+        session=spec.session_id,
     )
 
 

@@ -46,6 +46,7 @@ class RouteRequest:
     isl: int
     blocks: int
     hashes: list[int]
+    session: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,15 +108,17 @@ class KvRouter:
         """Uncached prompt tokens routed to ``target`` whose prefill has not completed."""
         return self._loads[target].prefill_tokens
 
-    def select(self, request: RouteRequest, overlaps: dict[int, int] | None = None) -> Placement:
-        """The cheapest target for the request (or a sampled one, with a temperature)."""
-        if overlaps is None:
-            overlaps = self.overlaps(request)
-        costs = [
-            self.cost(request, target, overlaps.get(target, 0))
-            for target in range(len(self._loads))
-        ]
-        target = self._choose(costs)
+    def select(self, request: RouteRequest, *, preferred: int | None = None) -> Placement:
+        """The cheapest target for the request (or a sampled one, with a temperature).
+
+        A ``preferred`` target (session affinity) wins outright.
+        """
+        overlaps = self.overlaps(request)
+        if preferred is not None:
+            target = preferred
+        else:
+            costs = [self.cost(request, t, overlaps.get(t, 0)) for t in range(len(self._loads))]
+            target = self._choose(costs)
         return Placement(
             target=target,
             overlap_blocks=overlaps.get(target, 0),

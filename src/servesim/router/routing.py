@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from servesim.config import RouterConfig
+from servesim.router.affinity import SessionAffinity
 from servesim.router.kv_router import KvRouter, Placement, RouteRequest
 from servesim.router.queue import RouterQueue
 from servesim.router.round_robin import RoundRobinRouter
@@ -82,9 +83,16 @@ class KvPolicy:
     """
 
     def __init__(
-        self, router: KvRouter, dp_size: int, config: RouterConfig, max_batched_tokens: int | None
+        self,
+        router: KvRouter,
+        dp_size: int,
+        config: RouterConfig,
+        max_batched_tokens: int | None,
+        *,
+        affinity: SessionAffinity | None = None,
     ) -> None:
         self.router = router
+        self._affinity = affinity
         self._dp = dp_size
         self._queue: RouterQueue[_Pending] | None = None
         self._busy_tokens = math.inf
@@ -132,8 +140,12 @@ class KvPolicy:
         return released
 
     def _route(self, request: RouteRequest, now: float, enqueued: float) -> Routed:
-        placement: Placement = self.router.select(request)
+        affinity = self._affinity
+        preferred = affinity.preferred(request.session) if affinity is not None else None
+        placement: Placement = self.router.select(request, preferred=preferred)
         self.router.add(request, placement)
+        if affinity is not None:
+            affinity.placed(request.session, placement.target)
         worker, rank = divmod(placement.target, self._dp)
         return Routed(
             uid=request.uid,
