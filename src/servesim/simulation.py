@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from servesim.cluster.disagg import DisaggregatedFlow
-from servesim.cluster.flows import AggregatedFlow
+from servesim.cluster.flows import AggregatedFlow, KvObserver
 from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, Stage
 from servesim.config import EngineConfig, RouterConfig
 from servesim.engine.worker import Worker
@@ -209,8 +209,9 @@ def _flow(
                 engine.max_num_batched_tokens,
                 affinity=SessionAffinity(config.session_affinity, targets),
             )
+        observer = KvObserver(indexer, engine.dp_size) if indexer is not None else None
         flow: Flow = AggregatedFlow(
-            pool, policy, ledger, block_size=engine.block_size, indexer=indexer
+            pool, policy, ledger, block_size=engine.block_size, observer=observer
         )
         return flow, lambda ws: Cost(
             decode_worker_seconds=ws[Stage.AGGREGATED],
@@ -267,8 +268,9 @@ def _flow(
                 decode.max_num_batched_tokens,
             ),
         }
+    observer = KvObserver(indexer, 1) if indexer is not None else None
     flow = DisaggregatedFlow(
-        prefill_pool, decode_pool, prefill, decode, ledger, indexer=indexer, **policies
+        prefill_pool, decode_pool, prefill, decode, ledger, observer=observer, **policies
     )
     return flow, lambda ws: Cost(
         prefill_worker_seconds=ws[Stage.PREFILL],

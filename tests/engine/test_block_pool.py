@@ -53,7 +53,7 @@ def test_allocation_evicts_oldest_inactive_and_reports_removed() -> None:
     second: list[int] = []
     assert pool.allocate(second, [], 2)
     assert second == [3, 2]
-    assert events == [KvRemoved((14,)), KvRemoved((13,))]
+    assert events == [KvRemoved((14, 13))]
     assert pool.contains(11) and pool.contains(12) and not pool.contains(13)
 
 

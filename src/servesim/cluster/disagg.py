@@ -26,7 +26,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from servesim.cluster.flows import route_request
+from servesim.cluster.flows import KvObserver, route_request
 from servesim.cluster.handoff import (
     Action,
     ActivateDestination,
@@ -56,7 +56,6 @@ from servesim.engine.request import EngineRequest
 from servesim.engine.vllm import VllmScheduler
 from servesim.engine.worker import PassOutputs, Worker
 from servesim.metrics.collector import RequestRecord, Terminal
-from servesim.router.indexer import KvIndexer
 from servesim.router.kv_router import RouteRequest
 from servesim.router.routing import PlacementPolicy, RoundRobinPolicy, Routed
 from servesim.workload.admission import Released
@@ -96,13 +95,13 @@ class DisaggregatedFlow:
         *,
         prefill_policy: PlacementPolicy | None = None,
         decode_policy: PlacementPolicy | None = None,
-        indexer: KvIndexer | None = None,
+        observer: KvObserver | None = None,
     ) -> None:
         self.pools = [prefill, decode]
         self._prefill, self._decode = prefill, decode
         self._prefill_policy = prefill_policy or RoundRobinPolicy([1] * len(prefill.workers))
         self._decode_policy = decode_policy or RoundRobinPolicy([1] * len(decode.workers))
-        self._indexer = indexer  # of the prefill pool; decode workers publish no KV events
+        self._observer = observer  # of the prefill pool; decode workers publish no KV events
         self._block_size = prefill_config.block_size
         self._ledger = ledger
         self._timing = prefill_config
@@ -152,6 +151,7 @@ class DisaggregatedFlow:
         self._pending.extend(self._deferred.pop((pool.stage, worker.worker_id), ()))
         if pool.stage is Stage.PREFILL:
             self._observe(worker)
+            self._catch_up(now)
             self._prefill_ended(outputs, now)
         else:
             self._decode_ended(worker, outputs, now)
@@ -239,12 +239,14 @@ class DisaggregatedFlow:
             case CancelDestination():
                 self._cancel_destination(handoff, action, now)
             case Complete():
+                self._catch_up(now)
                 self._dispatch_prefill(self._prefill_policy.request_ended(uid, now), now)
                 self._retire_if_done(uid)
 
     def _submit_prefill(self, handoff: _Handoff, action: SubmitPrefill, now: float) -> None:
         spec, uid = handoff.released.spec, handoff.record.uid
-        route = route_request(uid, spec, self._block_size, with_hashes=self._indexer is not None)
+        route = route_request(uid, spec, self._block_size, with_hashes=self._observer is not None)
+        self._catch_up(now)
         handoff.route = route
         handoff.submit_action = action
         self._dispatch_prefill(self._prefill_policy.place(route, now, priority=spec.priority), now)
@@ -258,7 +260,7 @@ class DisaggregatedFlow:
             handoff.prefill_at = (routed.worker, routed.rank)
             record.prefill_worker = routed.worker
             record.queue_wait_ms = routed.queued_ms
-            if self._indexer is not None:
+            if self._observer is not None:
                 record.overlap_blocks = routed.overlap_blocks
                 record.best_overlap_blocks = routed.best_overlap_blocks
             # The prefill side computes the prompt and one hidden token; the decode side emits them all.
@@ -379,10 +381,13 @@ class DisaggregatedFlow:
         if handoff.ended and handoff.coordinator.is_complete:
             del self._handoffs[uid]
 
+    def _catch_up(self, now: float) -> None:
+        if self._observer is not None:
+            self._observer.catch_up(now)
+
     def _observe(self, worker: Worker) -> None:
-        if self._indexer is not None:
-            for _rank, events in worker.take_events():
-                self._indexer.apply(worker.worker_id, events)
+        if self._observer is not None:
+            self._observer.observe(worker)
 
     def _prefill_rank(self, handoff: _Handoff) -> VllmScheduler:
         assert handoff.prefill_at is not None

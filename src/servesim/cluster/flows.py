@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from servesim.cluster.runtime import Ledger, Pool
+from servesim.engine.kv.block_pool import KvRemoved
 from servesim.engine.kv.hashing import chain_all
 from servesim.engine.request import EngineRequest
-from servesim.engine.worker import PassOutputs, Worker
+from servesim.engine.worker import PassOutputs, ScheduledRemoval, Worker
 from servesim.metrics.collector import RequestRecord, Terminal
 from servesim.router.indexer import KvIndexer
 from servesim.router.kv_router import RouteRequest
@@ -35,11 +37,49 @@ def route_request(
     )
 
 
+class KvObserver:
+    """Feeds a pool's KV events to an indexer, when the reference would make them visible.
+
+    Events of a pass are observed at its start; those of commands right after
+    them. A fast-forward window is applied lazily, so the Removed events its
+    evictions publish at the start of its passes are scheduled instead, and
+    :meth:`catch_up` applies those due before the router reads the index.
+    """
+
+    def __init__(self, indexer: KvIndexer, dp_size: int) -> None:
+        self.indexer = indexer
+        self._dp = dp_size
+        self._due: list[
+            tuple[float, int, int, ScheduledRemoval]
+        ] = []  # (time, seq, worker, removal)
+        self._seq = 0
+        self._workers: dict[int, Worker] = {}
+
+    def observe(self, worker: Worker) -> None:
+        """Apply the worker's recorded events; schedule its new window's removals."""
+        base = worker.worker_id * self._dp
+        for rank, events in worker.take_events():
+            self.indexer.apply(base + rank, events)
+        for removal in worker.take_scheduled_removals():
+            self._workers[worker.worker_id] = worker
+            heapq.heappush(self._due, (removal.at_ms, self._seq, worker.worker_id, removal))
+            self._seq += 1
+
+    def catch_up(self, now: float) -> None:
+        """Apply the scheduled removals of passes that started before ``now``."""
+        due = self._due
+        while due and due[0][0] < now:
+            _, _, worker_id, removal = heapq.heappop(due)
+            if self._workers[worker_id].removal_happened(removal):
+                target = worker_id * self._dp + removal.rank
+                self.indexer.apply(target, [KvRemoved((removal.block_hash,))])
+
+
 class AggregatedFlow:
     """A placement policy (round robin or KV router) over one pool of aggregated workers.
 
-    With an indexer, the workers' KV events feed it at each pass start (when a
-    vLLM pass makes its blocks visible) and after each command.
+    With a KV router, an observer feeds the workers' KV events to its indexer
+    (see :class:`KvObserver`).
     """
 
     def __init__(
@@ -49,22 +89,24 @@ class AggregatedFlow:
         ledger: Ledger,
         *,
         block_size: int,
-        indexer: KvIndexer | None = None,
+        observer: KvObserver | None = None,
     ) -> None:
         self.pools = [pool]
         self._pool = pool
         self._policy = policy
         self._ledger = ledger
         self._block_size = block_size
-        self._indexer = indexer
+        self._observer = observer
         self._unplaced: dict[int, tuple[RequestSpec, RouteRequest]] = {}
 
     def admit(self, record: RequestRecord, released: Released, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
         spec = released.spec
         route = route_request(
-            record.uid, spec, self._block_size, with_hashes=self._indexer is not None
+            record.uid, spec, self._block_size, with_hashes=self._observer is not None
         )
+        if self._observer is not None:
+            self._observer.catch_up(now)
         self._unplaced[record.uid] = (spec, route)
         self._dispatch(self._policy.place(route, now, priority=spec.priority), now)
 
@@ -82,6 +124,8 @@ class AggregatedFlow:
         ledger, policy = self._ledger, self._policy
         ledger.deliver_tokens(outputs, now)
         self._observe(worker)
+        if self._observer is not None:
+            self._observer.catch_up(now)
         for request in outputs.emitted:
             if (
                 ledger.record(request.uid).num_tokens == 1
@@ -110,7 +154,7 @@ class AggregatedFlow:
             record = self._ledger.record(routed.uid)
             collector.on_route(record, routed.worker, routed.rank)
             record.queue_wait_ms = routed.queued_ms
-            if self._indexer is not None:
+            if self._observer is not None:
                 record.overlap_blocks = routed.overlap_blocks
                 record.best_overlap_blocks = routed.best_overlap_blocks
             request = EngineRequest(
@@ -121,8 +165,5 @@ class AggregatedFlow:
             self._observe(self._pool.workers[routed.worker])
 
     def _observe(self, worker: Worker) -> None:
-        if self._indexer is None:
-            return
-        dp = len(worker.ranks)
-        for rank, events in worker.take_events():
-            self._indexer.apply(worker.worker_id * dp + rank, events)
+        if self._observer is not None:
+            self._observer.observe(worker)

@@ -73,11 +73,14 @@ class DecodePlan:
         requests: the running requests, in running order.
         lengths: their sequence lengths before the first planned pass.
         durations: each planned pass's duration (ms, as the clock advances).
+        removals: (pass index, hash) of the Removed events the plan's evictions
+            publish at the start of that pass (only when KV events are recorded).
     """
 
     requests: list[EngineRequest]
     lengths: list[int]
     durations: np.ndarray
+    removals: list[tuple[int, int]]
 
 
 class VllmScheduler:
@@ -240,25 +243,25 @@ class VllmScheduler:
             if max_len is not None:
                 passes = min(passes, max_len - length)
             lengths.append(length)
-        passes = min(passes, self._passes_with_blocks(lengths, passes))
+        bs = self.block_size
+        # Pass j needs a block for a request of length L when L + j - 1 is a multiple of bs.
+        needs = sorted(j for length in lengths for j in range((1 - length) % bs, passes, bs))
+        spare = self.pool.num_free + self.pool.num_inactive
+        if len(needs) > spare:
+            passes = needs[spare]
         if passes < 2:
             return None
         n = len(running)
         durations = pass_durations(self.timing.decode_series(n, sum(lengths), passes))
-        return DecodePlan(requests=list(running), lengths=lengths, durations=durations)
-
-    def _passes_with_blocks(self, lengths: list[int], passes: int) -> int:
-        """How many of the next ``passes`` passes the pool can supply new blocks for without preempting."""
-        pool = self.pool
-        bs = self.block_size
-        spare = pool.num_free + pool.num_inactive
-        if pool.events is not None:
-            # Someone watches KV events: evicting a named block would publish a Removed
-            # mid-window, so the window may only evict unnamed ones.
-            spare = pool.num_free + pool.unnamed_lru_prefix(len(lengths) * (-(-passes // bs)))
-        # Pass j needs a block for a request of length L when L + j - 1 is a multiple of bs.
-        needs = sorted(j for length in lengths for j in range((1 - length) % bs, passes, bs))
-        return passes if len(needs) <= spare else needs[spare]
+        removals: list[tuple[int, int]] = []
+        if self.pool.events is not None:
+            # Allocations past the free list evict the oldest inactive blocks, in order.
+            evicting = [j for j in needs[self.pool.num_free :] if j < passes]
+            published = self.pool.removals_of_oldest(len(evicting))
+            removals = [(j, h) for j, h in zip(evicting, published, strict=True) if h is not None]
+        return DecodePlan(
+            requests=list(running), lengths=lengths, durations=durations, removals=removals
+        )
 
     def commit_decode(self, plan: DecodePlan, passes: int) -> list[EngineRequest]:
         """Apply the first ``passes`` passes of ``plan``, as pass-by-pass stepping would.

@@ -57,11 +57,25 @@ class _Window:
     ends: np.ndarray  # end of each planned pass
 
 
+@dataclass(frozen=True, slots=True)
+class ScheduledRemoval:
+    """A Removed event a fast-forward window publishes at the start of one of its passes."""
+
+    at_ms: float
+    rank: int
+    window: int
+    pass_index: int
+    block_hash: int
+
+
 class Worker:
     """A worker's ranks and its pass lifecycle (idle, or busy until ``busy_until``)."""
 
     __slots__ = (
         "_outputs",
+        "_removals",
+        "_serial",
+        "_valid_passes",
         "_window",
         "busy_until",
         "config",
@@ -94,6 +108,11 @@ class Worker:
         # Outputs of the pass in flight, or of a window already applied, delivered at its end.
         self._outputs = PassOutputs()
         self._window: _Window | None = None
+        # The latest window's number, how many of its passes happened (or will,
+        # uncut), and the Removed events it will publish (taken by the flow).
+        self._serial = 0
+        self._valid_passes = 0
+        self._removals: list[ScheduledRemoval] = []
 
     @property
     def busy(self) -> bool:
@@ -189,9 +208,24 @@ class Worker:
         """Requests waiting or running on any rank."""
         return sum(len(r.waiting) + len(r.running) for r in self.ranks)
 
+    def take_scheduled_removals(self) -> list[ScheduledRemoval]:
+        """The Removed events of the window just started, each due at the start of its pass.
+
+        A router that reads KV state in the middle of a window applies those
+        due by then (see :meth:`removal_happened`); the window's real events
+        follow when it is applied.
+        """
+        out, self._removals = self._removals, []
+        return out
+
+    def removal_happened(self, removal: ScheduledRemoval) -> bool:
+        """Whether a scheduled removal's pass still belongs to this worker's history (not cut away)."""
+        return removal.window == self._serial and removal.pass_index < self._valid_passes
+
     def _apply(self, window: _Window, passes: int) -> float | None:
         """Apply the window's first ``passes`` passes; it then ends with the last of them."""
         self._window = None
+        self._valid_passes = passes
         out = self._outputs
         times = window.ends[:passes]
         for rank, plan in window.plans:
@@ -218,6 +252,16 @@ class Worker:
         # Sequential sums, as the clock advances pass by pass (now + d0, then + d1, ...).
         ends = np.cumsum(np.concatenate(([now], durations)))[1:]
         self._window = _Window(plans=plans, ends=ends)
+        self._serial += 1
+        self._valid_passes = passes
+        self._removals = [
+            ScheduledRemoval(
+                now if j == 0 else float(ends[j - 1]), self.ranks.index(rank), self._serial, j, h
+            )
+            for rank, plan in plans
+            for j, h in plan.removals
+            if j < passes
+        ]
         self.busy_until = float(ends[-1])
         return self.busy_until
 

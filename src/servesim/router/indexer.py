@@ -1,73 +1,73 @@
 """Where cached blocks live, learned only from the engines' KV events.
 
 One index for a pool: for each block sequence hash, the set of targets
-(worker DP ranks, as global ids) holding it. A ``Stored`` event adds its
-blocks to the target; ``Removed`` takes them away. Because a sequence hash
-names a block *and its whole prefix* (hashes chain), a request's overlap on a
-target is the number of its leading hashes that the target holds, stopping at
-the first miss: a ``Removed`` in the middle of a chain cuts the overlap there
-even if later blocks are still held.
+(worker DP ranks, as global ids) holding it, kept as a bit mask. A ``Stored``
+event adds its blocks to the target; ``Removed`` takes them away. Because a
+sequence hash names a block *and its whole prefix* (hashes chain), a
+request's overlap on a target is the number of its leading hashes that the
+target holds, stopping at the first miss: a ``Removed`` in the middle of a
+chain cuts the overlap there even if later blocks are still held.
 
-A lookup walks the request's hashes once, narrowing the set of targets still
-matching, so it costs O(prefix length x matching targets), never
-O(targets x cache size).
+A lookup walks the request's hashes once, narrowing the mask of targets still
+matching, so it costs O(prefix length), never O(targets x cache size).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from servesim.engine.kv.block_pool import KvEvent, KvRemoved, KvStored
+from servesim.engine.kv.block_pool import KvEvent, KvStored
 
 
 class KvIndexer:
-    """Block hash -> targets holding it."""
+    """Block hash -> bit mask of the targets holding it."""
 
     __slots__ = ("_holders",)
 
     def __init__(self) -> None:
-        self._holders: dict[int, set[int]] = {}
+        self._holders: dict[int, int] = {}
 
     def apply(self, target: int, events: Iterable[KvEvent]) -> None:
         """Apply one target's KV events, in order."""
         holders = self._holders
+        get = holders.get
+        bit = 1 << target
         for event in events:
             if isinstance(event, KvStored):
                 for h in event.hashes:
-                    holding = holders.get(h)
-                    if holding is None:
-                        holders[h] = {target}
-                    else:
-                        holding.add(target)
-            elif isinstance(event, KvRemoved):
-                for h in event.hashes:
-                    holding = holders.get(h)
-                    if holding is not None:
-                        holding.discard(target)
-                        if not holding:
-                            del holders[h]
+                    holders[h] = get(h, 0) | bit
+                continue
+            for h in event.hashes:
+                left = get(h, 0) & ~bit
+                if left:
+                    holders[h] = left
+                else:
+                    holders.pop(h, None)
 
     def overlaps(self, hashes: list[int]) -> dict[int, int]:
         """For each target holding the first block: how many leading blocks it holds."""
-        holders = self._holders
-        if not hashes or hashes[0] not in holders:
-            return {}
-        matching = set(holders[hashes[0]])
-        depth = 1
+        get = self._holders.get
+        matching = get(hashes[0], 0) if hashes else 0
         found: dict[int, int] = {}
-        for h in hashes[1:]:
-            holding = holders.get(h)
-            still = matching & holding if holding else set()
-            for target in matching - still:
-                found[target] = depth
+        depth = 0
+        for h in hashes:
+            still = matching & get(h, 0)
+            dropped = matching & ~still
+            while dropped:
+                low = dropped & -dropped
+                found[low.bit_length() - 1] = depth
+                dropped ^= low
             matching = still
             if not matching:
                 return found
             depth += 1
-        for target in matching:
-            found[target] = depth
+        while matching:
+            low = matching & -matching
+            found[low.bit_length() - 1] = depth
+            matching ^= low
         return found
 
     def holders(self, block_hash: int) -> frozenset[int]:
         """Targets holding a block (for tests and diagnostics)."""
-        return frozenset(self._holders.get(block_hash, ()))
+        mask = self._holders.get(block_hash, 0)
+        return frozenset(t for t in range(mask.bit_length()) if mask >> t & 1)

@@ -94,6 +94,9 @@ class KvRouter:
             _Load(shared={} if config.router_assume_kv_reuse else None) for _ in range(targets)
         ]
         self._active: dict[int, _Active] = {}
+        # Shared hash -> bit mask of the targets where it is active, so a request finds
+        # its blocks already active per target in one pass over its hashes.
+        self._active_on: dict[int, int] = {}
 
     @property
     def targets(self) -> int:
@@ -117,7 +120,11 @@ class KvRouter:
         if preferred is not None:
             target = preferred
         else:
-            costs = [self.cost(request, t, overlaps.get(t, 0)) for t in range(len(self._loads))]
+            active = self._already_active(request)
+            costs = [
+                self.cost(request, t, overlaps.get(t, 0), already_active=active.get(t, 0))
+                for t in range(len(self._loads))
+            ]
             target = self._choose(costs)
         return Placement(
             target=target,
@@ -125,8 +132,14 @@ class KvRouter:
             best_overlap_blocks=max(overlaps.values(), default=0),
         )
 
-    def cost(self, request: RouteRequest, target: int, overlap: int) -> float:
-        """The reference's cost of placing ``request`` on ``target`` (lower is better)."""
+    def cost(
+        self, request: RouteRequest, target: int, overlap: int, *, already_active: int | None = None
+    ) -> float:
+        """The reference's cost of placing ``request`` on ``target`` (lower is better).
+
+        ``already_active``: how many of the request's blocks are active on the
+        target (worked out when not given).
+        """
         config, load, bs = self.config, self._loads[target], self.block_size
         prefill = 0.0
         decay = 1.0
@@ -139,7 +152,7 @@ class KvRouter:
                     1.0 + config.overlap_score_credit_decay * excess / max(request.blocks, 1)
                 )
         credit = config.overlap_score_credit * decay * overlap
-        decode = self._decode_blocks(request, load)
+        decode = self._decode_blocks(request, load, already_active)
         return (
             config.prefill_load_scale * max(0.0, prefill - credit)
             + decode
@@ -160,8 +173,12 @@ class KvRouter:
             unique = request.blocks - len(hashes)
             load.unique_blocks += unique
             if load.shared is not None:
+                bit = 1 << placement.target
                 for h in hashes:
-                    load.shared[h] = load.shared.get(h, 0) + 1
+                    held = load.shared.get(h, 0)
+                    load.shared[h] = held + 1
+                    if not held:
+                        self._active_on[h] = self._active_on.get(h, 0) | bit
         self._active[request.uid] = _Active(placement.target, prefill_tokens, hashes, unique)
 
     def prefill_completed(self, uid: int) -> None:
@@ -181,21 +198,43 @@ class KvRouter:
         load.requests -= 1
         load.unique_blocks -= active.unique_blocks
         if load.shared is not None:
+            bit = 1 << active.target
             for h in active.hashes:
                 left = load.shared[h] - 1
                 if left:
                     load.shared[h] = left
+                    continue
+                del load.shared[h]
+                mask = self._active_on[h] & ~bit
+                if mask:
+                    self._active_on[h] = mask
                 else:
-                    del load.shared[h]
+                    del self._active_on[h]
 
-    def _decode_blocks(self, request: RouteRequest, load: _Load) -> float:
+    def _decode_blocks(
+        self, request: RouteRequest, load: _Load, already_active: int | None
+    ) -> float:
         if not self.config.router_track_active_blocks:
             return float(request.blocks)
         shared = load.shared
         if shared is None:
             return float(load.unique_blocks + request.blocks)
-        new = request.blocks - sum(1 for h in request.hashes if h in shared)
-        return float(len(shared) + load.unique_blocks + new)
+        if already_active is None:
+            already_active = sum(map(shared.__contains__, request.hashes))
+        return float(len(shared) + load.unique_blocks + request.blocks - already_active)
+
+    def _already_active(self, request: RouteRequest) -> dict[int, int]:
+        """Per target, how many of the request's blocks are active there."""
+        counts: dict[int, int] = {}
+        get = self._active_on.get
+        for h in request.hashes:
+            mask = get(h, 0)
+            while mask:
+                low = mask & -mask
+                target = low.bit_length() - 1
+                counts[target] = counts.get(target, 0) + 1
+                mask ^= low
+        return counts
 
     def _choose(self, costs: list[float]) -> int:
         temperature = self.config.router_temperature

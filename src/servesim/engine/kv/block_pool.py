@@ -124,15 +124,24 @@ class BlockPool:
                 active += 1
         return hits, active
 
-    def unnamed_lru_prefix(self, limit: int) -> int:
-        """How many of the oldest inactive blocks (at most ``limit``) are unnamed: evicting them emits nothing."""
-        count = 0
-        block_hash = self._hash
+    def removals_of_oldest(self, count: int) -> list[BlockHash | None]:
+        """For evicting the ``count`` oldest inactive blocks in turn: the hash each
+        eviction would publish as Removed (its last copy going), or None."""
+        block_hash, extra = self._hash, self._extra_copies
+        gone: dict[BlockHash, int] = {}
+        out: list[BlockHash | None] = []
         for block in self._lru:
-            if count >= limit or block_hash[block] != UNNAMED:
+            if len(out) >= count:
                 break
-            count += 1
-        return count
+            h = block_hash[block]
+            assert h is not None
+            if h == UNNAMED:
+                out.append(None)
+                continue
+            gone[h] = gone.get(h, 0) + 1
+            copies = 1 + len(extra.get(h, ()))
+            out.append(h if gone[h] == copies else None)
+        return out
 
     def lru_order(self) -> list[BlockId]:
         """Inactive blocks, next to be evicted first (for tests and diagnostics)."""
@@ -277,15 +286,14 @@ class BlockPool:
         return first
 
     def _evict_oldest(self, count: int) -> list[BlockId]:
-        """Evict ``count`` inactive blocks, oldest first; return their ids in that order."""
-        popitem, block_hash, by_hash, events = (
-            self._lru.popitem,
-            self._hash,
-            self._by_hash,
-            self.events,
-        )
+        """Evict ``count`` inactive blocks, oldest first; return their ids in that order.
+
+        Hashes whose last copy goes are published as one Removed event.
+        """
+        popitem, block_hash, by_hash = self._lru.popitem, self._hash, self._by_hash
         extra = self._extra_copies
         evicted = []
+        removed = []
         for _ in range(count):
             block = popitem(last=False)[0]
             h = block_hash[block]
@@ -298,8 +306,9 @@ class BlockPool:
                 self._forget_copy(h, block)
                 continue
             del by_hash[h]
-            if events is not None:
-                events.append(KvRemoved((h,)))
+            removed.append(h)
+        if removed and self.events is not None:
+            self.events.append(KvRemoved(tuple(removed)))
         return evicted
 
     def _forget_copy(self, h: BlockHash, block: BlockId) -> None:
