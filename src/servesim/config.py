@@ -19,6 +19,8 @@ from typing import Any
 from servesim.errors import ConfigError
 
 Parser = Callable[[str, Any], Any]
+KeyTable = dict[str, tuple[str | None, Parser, Any]]
+"""key -> (attribute, or None for a key that only validates; parser; default)."""
 
 
 def _int(minimum: int, *, nullable: bool = False) -> Parser:
@@ -26,9 +28,9 @@ def _int(minimum: int, *, nullable: bool = False) -> Parser:
         if value is None and nullable:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"engine key '{key}' must be an integer >= {minimum}, got {value!r}")
+            raise ConfigError(f"'{key}' must be an integer >= {minimum}, got {value!r}")
         if value < minimum:
-            raise ConfigError(f"engine key '{key}' must be >= {minimum}, got {value}")
+            raise ConfigError(f"'{key}' must be >= {minimum}, got {value}")
         return value
 
     return parse
@@ -39,11 +41,9 @@ def _float(minimum: float, *, nullable: bool = False) -> Parser:
         if value is None and nullable:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"engine key '{key}' must be a number >= {minimum}, got {value!r}")
+            raise ConfigError(f"'{key}' must be a number >= {minimum}, got {value!r}")
         if not math.isfinite(value) or value < minimum:
-            raise ConfigError(
-                f"engine key '{key}' must be a finite number >= {minimum}, got {value}"
-            )
+            raise ConfigError(f"'{key}' must be a finite number >= {minimum}, got {value}")
         return float(value)
 
     return parse
@@ -59,9 +59,7 @@ def _positive() -> Parser:
             or not math.isfinite(value)
             or value <= 0
         ):
-            raise ConfigError(
-                f"engine key '{key}' must be a finite number greater than 0, got {value!r}"
-            )
+            raise ConfigError(f"'{key}' must be a finite number greater than 0, got {value!r}")
         return float(value)
 
     return parse
@@ -69,7 +67,7 @@ def _positive() -> Parser:
 
 def _bool(key: str, value: Any) -> Any:
     if not isinstance(value, bool):
-        raise ConfigError(f"engine key '{key}' must be true or false, got {value!r}")
+        raise ConfigError(f"'{key}' must be true or false, got {value!r}")
     return value
 
 
@@ -77,7 +75,7 @@ def _choice(*choices: str) -> Parser:
     def parse(key: str, value: Any) -> Any:
         if not isinstance(value, str) or value.lower() not in choices:
             allowed = ", ".join(repr(c) for c in choices)
-            raise ConfigError(f"engine key '{key}' must be one of {allowed}, got {value!r}")
+            raise ConfigError(f"'{key}' must be one of {allowed}, got {value!r}")
         return value.lower()
 
     return parse
@@ -89,7 +87,7 @@ def _only(default: Any, feature: str) -> Parser:
     def parse(key: str, value: Any) -> Any:
         if value != default:
             raise ConfigError(
-                f"engine key '{key}' ({feature}) is not supported by servesim yet; "
+                f"'{key}' ({feature}) is not supported by servesim yet; "
                 f"remove it or set it to {json.dumps(default)}"
             )
         return value
@@ -118,27 +116,19 @@ def _timing_model(key: str, value: Any) -> TimingModelConfig:
     if kind == "polynomial":
         extra = set(value) - {"type"}
         if extra:
-            raise ConfigError(
-                f"engine key '{key}': unknown field(s) {sorted(extra)} for type 'polynomial'"
-            )
+            raise ConfigError(f"'{key}': unknown field(s) {sorted(extra)} for type 'polynomial'")
         return TimingModelConfig()
     if kind == "interpolated":
         extra = set(value) - {"type", "path"}
         if extra:
-            raise ConfigError(
-                f"engine key '{key}': unknown field(s) {sorted(extra)} for type 'interpolated'"
-            )
+            raise ConfigError(f"'{key}': unknown field(s) {sorted(extra)} for type 'interpolated'")
         path = value.get("path")
         if not isinstance(path, str) or not path:
-            raise ConfigError(
-                f"engine key '{key}': type 'interpolated' needs a 'path' to an NPZ profile"
-            )
+            raise ConfigError(f"'{key}': type 'interpolated' needs a 'path' to an NPZ profile")
         if not Path(path).is_file():
-            raise ConfigError(f"engine key '{key}': profile file not found: {path}")
+            raise ConfigError(f"'{key}': profile file not found: {path}")
         return TimingModelConfig(type="interpolated", path=path)
-    raise ConfigError(
-        f"engine key '{key}': type must be 'polynomial' or 'interpolated', got {kind!r}"
-    )
+    raise ConfigError(f"'{key}': type must be 'polynomial' or 'interpolated', got {kind!r}")
 
 
 _SGLANG_DEFAULTS = {
@@ -156,19 +146,17 @@ def _sub_object(defaults: Mapping[str, Any]) -> Parser:
         if value is None:
             return None
         if not isinstance(value, dict):
-            raise ConfigError(f"engine key '{key}' must be a JSON object")
+            raise ConfigError(f"'{key}' must be a JSON object")
         unknown = sorted(set(value) - set(defaults))
         if unknown:
-            raise ConfigError(
-                f"engine key '{key}': unknown field(s) {unknown}; known: {sorted(defaults)}"
-            )
+            raise ConfigError(f"'{key}': unknown field(s) {unknown}; known: {sorted(defaults)}")
         return value
 
     return parse
 
 
 # key -> (attribute name or None when the key only validates, parser, default)
-_ENGINE_KEYS: dict[str, tuple[str | None, Parser, Any]] = {
+_ENGINE_KEYS: KeyTable = {
     "backend": ("backend", _choice("vllm", "sglang", "trtllm"), "vllm"),
     "engine_type": ("backend", _choice("vllm", "sglang", "trtllm"), "vllm"),
     "num_gpu_blocks": ("num_gpu_blocks", _int(1), 16384),
@@ -270,6 +258,31 @@ class EngineConfig:
         return self.num_gpu_blocks * self.block_size
 
 
+def _parse_keys(
+    raw: Mapping[str, Any], table: KeyTable, *, source: str, kind: str
+) -> dict[str, Any]:
+    """Parse every key of ``raw`` with its table entry; returns attribute -> value.
+
+    Raises:
+        ConfigError: an unknown key, or a bad value, named with ``source`` and ``kind``.
+    """
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        spec = table.get(key)
+        if spec is None:
+            raise ConfigError(
+                f"{source}: unknown {kind} key '{key}'; known keys: {', '.join(sorted(table))}"
+            )
+        attribute, parse, _default = spec
+        try:
+            parsed = parse(key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {kind} key {exc}") from None
+        if attribute is not None:
+            values[attribute] = parsed
+    return values
+
+
 def parse_engine_args(
     raw: Mapping[str, Any], *, source: str = "engine args", role: str = "aggregated"
 ) -> EngineConfig:
@@ -288,20 +301,7 @@ def parse_engine_args(
     """
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source} must be a JSON object, got {type(raw).__name__}")
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        spec = _ENGINE_KEYS.get(key)
-        if spec is None:
-            raise ConfigError(
-                f"{source}: unknown engine key '{key}'; known keys: {', '.join(sorted(_ENGINE_KEYS))}"
-            )
-        attribute, parse, _default = spec
-        try:
-            parsed = parse(key, value)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
-        if attribute is not None:
-            values[attribute] = parsed
+    values = _parse_keys(raw, _ENGINE_KEYS, source=source, kind="engine")
     if "backend" in raw and "engine_type" in raw and values["backend"] != raw["backend"].lower():
         raise ConfigError(f"{source}: 'backend' and 'engine_type' disagree")
     backend = values.get("backend", "vllm")
@@ -371,45 +371,10 @@ def load_json_argument(text: str, *, flag: str) -> Any:
 _QUEUE_POLICIES = ("fcfs", "lcfs", "wspt")
 
 
-def _non_negative_float(key: str, value: Any) -> Any:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ConfigError(f"router key '{key}' must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
-def _router_only(default: Any, feature: str) -> Parser:
-    def parse(key: str, value: Any) -> Any:
-        if value != default:
-            raise ConfigError(
-                f"router key '{key}' ({feature}) is not supported by servesim yet; "
-                f"remove it or set it to {json.dumps(default)}"
-            )
-        return value
-
-    return parse
-
-
-def _router_bool(key: str, value: Any) -> Any:
-    if not isinstance(value, bool):
-        raise ConfigError(f"router key '{key}' must be true or false, got {value!r}")
-    return value
-
-
 def _queue_policy(key: str, value: Any) -> Any:
     if value not in _QUEUE_POLICIES:
-        raise ConfigError(
-            f"router key '{key}' must be one of {', '.join(_QUEUE_POLICIES)}, got {value!r}"
-        )
+        raise ConfigError(f"'{key}' must be one of {', '.join(_QUEUE_POLICIES)}, got {value!r}")
     return value
-
-
-def _queue_threshold(key: str, value: Any) -> Any:
-    return None if value is None else _non_negative_float(key, value)
 
 
 def _any_value(key: str, value: Any) -> Any:
@@ -417,52 +382,52 @@ def _any_value(key: str, value: Any) -> Any:
 
 
 # The reference's KvRouterConfig (Dynamo 1.6.1): key -> (attribute or None, parser, default).
-_ROUTER_KEYS: dict[str, tuple[str | None, Parser, Any]] = {
-    "overlap_score_credit": ("overlap_score_credit", _non_negative_float, 1.0),
-    "overlap_score_credit_decay": ("overlap_score_credit_decay", _non_negative_float, 0.0),
-    "prefill_load_scale": ("prefill_load_scale", _non_negative_float, 1.0),
-    "decode_active_request_weight": ("decode_active_request_weight", _non_negative_float, 0.0),
-    "router_temperature": ("router_temperature", _non_negative_float, 0.0),
-    "router_track_active_blocks": ("router_track_active_blocks", _router_bool, True),
-    "router_assume_kv_reuse": ("router_assume_kv_reuse", _router_bool, True),
-    "router_track_prefill_tokens": ("router_track_prefill_tokens", _router_bool, True),
-    "router_queue_threshold": ("router_queue_threshold", _queue_threshold, None),
+_ROUTER_KEYS: KeyTable = {
+    "overlap_score_credit": ("overlap_score_credit", _float(0.0), 1.0),
+    "overlap_score_credit_decay": ("overlap_score_credit_decay", _float(0.0), 0.0),
+    "prefill_load_scale": ("prefill_load_scale", _float(0.0), 1.0),
+    "decode_active_request_weight": ("decode_active_request_weight", _float(0.0), 0.0),
+    "router_temperature": ("router_temperature", _float(0.0), 0.0),
+    "router_track_active_blocks": ("router_track_active_blocks", _bool, True),
+    "router_assume_kv_reuse": ("router_assume_kv_reuse", _bool, True),
+    "router_track_prefill_tokens": ("router_track_prefill_tokens", _bool, True),
+    "router_queue_threshold": ("router_queue_threshold", _float(0.0, nullable=True), None),
     "router_queue_policy": ("router_queue_policy", _queue_policy, "fcfs"),
     # Device-tier replay: host and disk tiers hold nothing, so their weights have no effect.
-    "host_cache_hit_weight": (None, _non_negative_float, 0.75),
-    "disk_cache_hit_weight": (None, _non_negative_float, 0.25),
+    "host_cache_hit_weight": (None, _float(0.0), 0.75),
+    "disk_cache_hit_weight": (None, _float(0.0), 0.25),
     # Live-serving plumbing with no effect on an offline replay.
-    "use_kv_events": (None, _router_bool, True),
-    "router_replica_sync": (None, _router_bool, False),
-    "router_ttl_secs": (None, _non_negative_float, 120.0),
+    "use_kv_events": (None, _bool, True),
+    "router_replica_sync": (None, _bool, False),
+    "router_ttl_secs": (None, _float(0.0), 120.0),
     "router_approximate_cache_policy": (None, _any_value, "ttl"),
     "router_event_threads": (None, _any_value, 4),
     "router_tracking_hash": (
         None,
-        _router_only("public-xxh3-v1", "tracking hash"),
+        _only("public-xxh3-v1", "tracking hash"),
         "public-xxh3-v1",
     ),
-    "router_tracking_key_file": (None, _router_only(None, "tracking keys"), None),
-    "router_tracking_key_id": (None, _router_only(None, "tracking keys"), None),
+    "router_tracking_key_file": (None, _only(None, "tracking keys"), None),
+    "router_tracking_key_id": (None, _only(None, "tracking keys"), None),
     # Features of later work: only their defaults are accepted.
-    "overlap_score_weight": (None, _router_only(None, "the pre-1.6 cost formula"), None),
-    "router_track_output_blocks": (None, _router_only(False, "output-block tracking"), False),
-    "router_prefill_load_model": (None, _router_only("none", "AIC prefill load model"), "none"),
-    "router_predicted_ttl_secs": (None, _router_only(None, "predicted TTL"), None),
-    "use_remote_indexer": (None, _router_only(False, "remote indexer"), False),
-    "serve_indexer": (None, _router_only(False, "remote indexer"), False),
-    "enable_session_prefix_index": (None, _router_only(False, "session prefix index"), False),
-    "shared_cache_multiplier": (None, _router_only(None, "shared cache tier"), None),
-    "shared_cache_type": (None, _router_only("none", "shared cache tier"), "none"),
-    "conditional_disagg_enabled": (None, _router_only(False, "conditional disaggregation"), False),
+    "overlap_score_weight": (None, _only(None, "the pre-1.6 cost formula"), None),
+    "router_track_output_blocks": (None, _only(False, "output-block tracking"), False),
+    "router_prefill_load_model": (None, _only("none", "AIC prefill load model"), "none"),
+    "router_predicted_ttl_secs": (None, _only(None, "predicted TTL"), None),
+    "use_remote_indexer": (None, _only(False, "remote indexer"), False),
+    "serve_indexer": (None, _only(False, "remote indexer"), False),
+    "enable_session_prefix_index": (None, _only(False, "session prefix index"), False),
+    "shared_cache_multiplier": (None, _only(None, "shared cache tier"), None),
+    "shared_cache_type": (None, _only("none", "shared cache tier"), "none"),
+    "conditional_disagg_enabled": (None, _only(False, "conditional disaggregation"), False),
     "conditional_disagg_policy": (None, _any_value, "isl_bounding"),
     "conditional_disagg_eff_isl_threshold": (None, _any_value, 2048),
     "conditional_disagg_eff_isl_ratio_threshold": (None, _any_value, 0.7),
     "conditional_disagg_prefill_busy_threshold": (None, _any_value, None),
     "conditional_disagg_decode_busy_threshold": (None, _any_value, None),
-    "router_policy_config": (None, _router_only(None, "router policy profiles"), None),
-    "router_prefill_policy": (None, _router_only(None, "router policy profiles"), None),
-    "router_decode_policy": (None, _router_only(None, "router policy profiles"), None),
+    "router_policy_config": (None, _only(None, "router policy profiles"), None),
+    "router_prefill_policy": (None, _only(None, "router policy profiles"), None),
+    "router_decode_policy": (None, _only(None, "router policy profiles"), None),
 }
 
 
@@ -490,18 +455,5 @@ def parse_router_config(raw: Any, *, source: str = "--router-config") -> RouterC
     """
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source} must contain a JSON object, got {type(raw).__name__}")
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        spec = _ROUTER_KEYS.get(key)
-        if spec is None:
-            raise ConfigError(
-                f"{source}: unknown router key '{key}'; known keys: {', '.join(sorted(_ROUTER_KEYS))}"
-            )
-        attribute, parse, _default = spec
-        try:
-            parsed = parse(key, value)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
-        if attribute is not None:
-            values[attribute] = parsed
+    values = _parse_keys(raw, _ROUTER_KEYS, source=source, kind="router")
     return RouterConfig(**values)
