@@ -132,7 +132,7 @@ class VllmScheduler:
         request = self.held.pop(uid, None)
         if request is None:
             return False
-        self.pool.release(request.blocks)
+        self.pool.release(request.blocks, request.named_blocks)
         return True
 
     def reserve_destination(self, request: EngineRequest) -> tuple[int, int] | None:
@@ -177,7 +177,7 @@ class VllmScheduler:
             return True
         if not request.blocks or request.num_computed:
             return False
-        self.pool.release(request.blocks)
+        self.pool.release(request.blocks, request.named_blocks)
         self._reserved -= 1
         return True
 
@@ -459,7 +459,7 @@ class VllmScheduler:
             self._ensure_hashes(victim, full)
             self.pool.name(victim.blocks, victim.hashes, victim.named_blocks, full)
         victim.named_blocks = ALL_BLOCKS
-        self.pool.release(victim.blocks)
+        self.pool.release(victim.blocks, victim.named_blocks)
         victim.num_computed = 0
         victim.pending_cached = 0
         victim.num_preemptions += 1
@@ -522,7 +522,7 @@ class VllmScheduler:
         if self._prefill_role:
             self.held[request.uid] = request  # the source keeps its KV until ReleaseSource
         else:
-            self.pool.release(request.blocks)
+            self.pool.release(request.blocks, request.named_blocks)
 
     def _ensure_hashes(self, request: EngineRequest, num_blocks: int) -> None:
         """Extend ``request.hashes`` to cover at least its first ``num_blocks`` full blocks.

@@ -20,7 +20,7 @@ evicted. Nothing is emitted on release or on a prefix hit.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 
 BlockId = int
@@ -62,6 +62,7 @@ class BlockPool:
         "_by_hash",
         "_extra_copies",
         "_free",
+        "_free_head",
         "_hash",
         "_lru",
         "_refs",
@@ -72,7 +73,10 @@ class BlockPool:
     def __init__(self, capacity: int, *, events: list[KvEvent] | None = None) -> None:
         self.capacity = capacity
         self.events = events
-        self._free: deque[BlockId] = deque(range(capacity))
+        # Free blocks, oldest first, from _free_head on: a list, so that many can be
+        # taken or returned at once (a deque pops one at a time).
+        self._free: list[BlockId] = list(range(capacity))
+        self._free_head = 0
         self._hash: list[BlockHash | None] = [None] * capacity
         self._refs: list[int] = [0] * capacity
         # First copy of each visible hash; further copies (rare) in _extra_copies.
@@ -89,7 +93,7 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks holding nothing."""
-        return len(self._free)
+        return len(self._free) - self._free_head
 
     @property
     def num_inactive(self) -> int:
@@ -99,7 +103,7 @@ class BlockPool:
     @property
     def num_active(self) -> int:
         """Blocks referenced by at least one request."""
-        return self.capacity - len(self._free) - len(self._lru)
+        return self.capacity - self.num_free - len(self._lru)
 
     # ----- lookups -----
 
@@ -161,7 +165,7 @@ class BlockPool:
         the call returns False, so the caller can preempt and retry.
         """
         picks = [self._pick_copy(h) for h in prefix]
-        shortfall = num_new - len(self._free)
+        shortfall = num_new - self.num_free
         if shortfall > 0:
             pinned_inactive = sum(1 for b in picks if b in self._lru)
             if shortfall > len(self._lru) - pinned_inactive:
@@ -172,17 +176,26 @@ class BlockPool:
                 del lru[block]
             refs[block] += 1
             table.append(block)
-        free = self._free
+        if num_new <= 0:
+            return True
+        fresh = self._take_free(num_new - max(shortfall, 0))
         if shortfall > 0:
             # Evicted blocks join the free list's tail: the new blocks are the free ones, then them.
-            fresh = [*free, *self._evict_oldest(shortfall)]
-            free.clear()
-        else:
-            fresh = [free.popleft() for _ in range(num_new)]
+            fresh += self._evict_oldest(shortfall)
         for block in fresh:
             refs[block] = 1
         table.extend(fresh)
         return True
+
+    def _take_free(self, count: int) -> list[BlockId]:
+        head = self._free_head
+        taken = self._free[head : head + count]
+        head += count
+        if head > 4096 and head * 2 > len(self._free):
+            del self._free[:head]  # compact now and then: amortised O(1) per block
+            head = 0
+        self._free_head = head
+        return taken
 
     def cache(self, table: list[BlockId], hashes: list[BlockHash], start: int, end: int) -> None:
         """Make blocks ``table[start:end]`` cache-visible under ``hashes[start:end]``.
@@ -238,10 +251,34 @@ class BlockPool:
                 block_hash[table[i]] = None
         self.cache(table, hashes, start, end)
 
-    def release(self, table: list[BlockId]) -> None:
-        """Drop a request's references, last block first (so chain tails evict first)."""
+    def release(self, table: list[BlockId], exclusive_from: int | None = None) -> None:
+        """Drop a request's references, last block first (so chain tails evict first).
+
+        Args:
+            table: the request's blocks; emptied.
+            exclusive_from: blocks from this index on are the request's alone
+                (unnamed or private, one reference): they are released in bulk.
+        """
         refs, block_hash, lru, free = self._refs, self._hash, self._lru, self._free
-        for block in reversed(table):
+        start = len(table) if exclusive_from is None else min(exclusive_from, len(table))
+        tail = table[start:]
+        if tail:
+            tail.reverse()
+            for block in tail:
+                refs[block] = 0
+            if not lru:
+                # An unnamed block at the LRU head would be the next one taken after the
+                # free list, with no identity to lose: the free list's tail is the same place.
+                for block in tail:
+                    block_hash[block] = None
+                free.extend(tail)
+            else:
+                for block in tail:
+                    if block_hash[block] is None:
+                        free.append(block)
+                    else:
+                        lru[block] = None
+        for block in reversed(table[:start]):
             left = refs[block] - 1
             refs[block] = left
             if left:
@@ -250,8 +287,6 @@ class BlockPool:
             if h is None:
                 free.append(block)
             elif h == UNNAMED and not lru:
-                # An unnamed block at the LRU head would be the next one taken after the
-                # free list, with no identity to lose: the free list's tail is the same place.
                 block_hash[block] = None
                 free.append(block)
             else:
@@ -260,7 +295,7 @@ class BlockPool:
 
     def check(self) -> None:
         """Assert the pool's invariants (tests call this after every step)."""
-        assert len(self._free) + self.num_active + len(self._lru) == self.capacity
+        assert self.num_free + self.num_active + len(self._lru) == self.capacity
         for block in self._lru:
             assert self._refs[block] == 0 and self._hash[block] is not None
         for h, block in self._by_hash.items():
@@ -270,7 +305,8 @@ class BlockPool:
             for block in copies:
                 assert self._hash[block] == h
         assert all(r >= 0 for r in self._refs)
-        assert not set(self._free) & set(self._lru)
+        free = self._free[self._free_head :]
+        assert len(set(free)) == len(free) and not set(free) & set(self._lru)
 
     # ----- internals -----
 
