@@ -439,3 +439,74 @@ def test_router_config_without_the_kv_router(
         "{}",
         expect=["--router-config", "kv_router"],
     )
+
+
+# --- odd inputs found in review ---------------------------------------------------------------
+
+
+def test_trace_that_is_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bytes that are not UTF-8 are reported with the file, not as a traceback."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(json.dumps(GOOD_ROW).encode() + b"\n\xff\xfe\n")
+    _fails(tmp_path, capsys, str(trace), expect=[str(trace), "UTF-8"])
+
+
+def test_negative_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A seed must be a non-negative integer."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--request-rate",
+        "5",
+        "--seed",
+        "-1",
+        expect=["--seed", "non-negative"],
+    )
+
+
+def test_report_path_that_cannot_be_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A report under a regular file cannot be written: one clean message, exit 2."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code = main(["replay", *SYNTHETIC, "--quiet", "--report-json", str(blocker / "report.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot write" in err and "Traceback" not in err
+
+
+def test_report_into_an_existing_directory(tmp_path: Path) -> None:
+    """As the reference: a directory given as --report-json gets the report inside it."""
+    assert main(["replay", *SYNTHETIC, "--quiet", "--report-json", str(tmp_path)]) == 0
+    assert "summary" in json.loads((tmp_path / "servesim_report.json").read_text())
+
+
+def test_prompts_that_can_never_be_served_are_rejected(tmp_path: Path) -> None:
+    """Without chunked prefill a prompt over the token budget, and a prompt the decode pool cannot
+    hold, end as rejected instead of waiting for ever."""
+    report = tmp_path / "r.json"
+    runs = [
+        ["--extra-engine-args", '{"enable_chunked_prefill": false, "max_num_batched_tokens": 50}'],
+        [
+            "--num-prefill-workers",
+            "1",
+            "--num-decode-workers",
+            "1",
+            "--decode-engine-args",
+            '{"num_gpu_blocks": 1}',
+        ],
+    ]
+    for extra in runs:
+        assert main(["replay", *SYNTHETIC, "--quiet", "--report-json", str(report), *extra]) == 0
+        summary = json.loads(report.read_text())["summary"]
+        assert (summary["rejected_requests"], summary["completed_requests"]) == (3, 0)
+
+
+def test_explicit_session_named_like_an_implicit_one_stays_apart(tmp_path: Path) -> None:
+    """A session called "request_2" and the session-less row on line 2 are two sessions."""
+    trace = _trace(tmp_path, _row(session_id="request_2"), _row(timestamp=5))
+    jsonl = tmp_path / "requests.jsonl"
+    assert main(["replay", str(trace), "--quiet", "--per-request-jsonl", str(jsonl)]) == 0
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert [(r["arrival_time_ms"], r["turn_index"]) for r in rows] == [(0.0, 0), (5.0, 0)]

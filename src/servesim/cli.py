@@ -33,6 +33,16 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -79,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--arrival-speedup-ratio",
         type=_positive,
         default=1.0,
-        help="divide arrival times and session delays by this (trace replay)",
+        help="divide arrival times and session delays by this (open-loop replay; ignored in closed loop)",
     )
     w.add_argument(
         "--replay-concurrency", type=_positive_int, help="closed loop: at most N sessions in flight"
@@ -93,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--request-rate", type=_positive, help="synthetic Poisson arrivals, requests per second"
     )
-    w.add_argument("--seed", type=int, default=42, help="seed of every random choice (42)")
+    w.add_argument("--seed", type=_seed, default=42, help="seed of every random choice (42)")
     c = p.add_argument_group("cluster")
     c.add_argument("--num-workers", type=_positive_int, help="aggregated workers (1)")
     c.add_argument(
@@ -289,6 +299,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # As the reference: an existing directory gets the report inside it.
+    if args.report_json is not None and args.report_json.is_dir():
+        args.report_json = args.report_json / "servesim_report.json"
+    if args.per_request_jsonl is not None and args.per_request_jsonl.is_dir():
+        args.per_request_jsonl = args.per_request_jsonl / "servesim_requests.jsonl"
     try:
         config = config_from_args(args, parser)
         progress = None if args.quiet else _progress_bar(count_requests(config))
@@ -302,8 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except ConfigError as exc:  # pragma: no cover - ConfigError is a ServesimError
-        print(f"servesim: error: {exc}", file=sys.stderr)
+    except OSError as exc:  # a report path that cannot be written
+        print(f"servesim: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
     if not args.quiet:
         print(render_table(report.summary))

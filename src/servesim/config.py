@@ -109,9 +109,7 @@ class TimingModelConfig:
 
 def _timing_model(key: str, value: Any) -> TimingModelConfig:
     if not isinstance(value, dict):
-        raise ConfigError(
-            f'engine key \'{key}\' must be a JSON object like {{"type": "polynomial"}}'
-        )
+        raise ConfigError(f'\'{key}\' must be a JSON object like {{"type": "polynomial"}}')
     kind = value.get("type")
     if kind == "polynomial":
         extra = set(value) - {"type"}
@@ -377,10 +375,6 @@ def _queue_policy(key: str, value: Any) -> Any:
     return value
 
 
-def _any_value(key: str, value: Any) -> Any:
-    return value
-
-
 # The reference's KvRouterConfig (Dynamo 1.6.1): key -> (attribute or None, parser, default).
 _ROUTER_KEYS: KeyTable = {
     "overlap_score_credit": ("overlap_score_credit", _float(0.0), 1.0),
@@ -400,8 +394,8 @@ _ROUTER_KEYS: KeyTable = {
     "use_kv_events": (None, _bool, True),
     "router_replica_sync": (None, _bool, False),
     "router_ttl_secs": (None, _float(0.0), 120.0),
-    "router_approximate_cache_policy": (None, _any_value, "ttl"),
-    "router_event_threads": (None, _any_value, 4),
+    "router_approximate_cache_policy": (None, _any, "ttl"),
+    "router_event_threads": (None, _any, 4),
     "router_tracking_hash": (
         None,
         _only("public-xxh3-v1", "tracking hash"),
@@ -420,11 +414,11 @@ _ROUTER_KEYS: KeyTable = {
     "shared_cache_multiplier": (None, _only(None, "shared cache tier"), None),
     "shared_cache_type": (None, _only("none", "shared cache tier"), "none"),
     "conditional_disagg_enabled": (None, _only(False, "conditional disaggregation"), False),
-    "conditional_disagg_policy": (None, _any_value, "isl_bounding"),
-    "conditional_disagg_eff_isl_threshold": (None, _any_value, 2048),
-    "conditional_disagg_eff_isl_ratio_threshold": (None, _any_value, 0.7),
-    "conditional_disagg_prefill_busy_threshold": (None, _any_value, None),
-    "conditional_disagg_decode_busy_threshold": (None, _any_value, None),
+    "conditional_disagg_policy": (None, _any, "isl_bounding"),
+    "conditional_disagg_eff_isl_threshold": (None, _any, 2048),
+    "conditional_disagg_eff_isl_ratio_threshold": (None, _any, 0.7),
+    "conditional_disagg_prefill_busy_threshold": (None, _any, None),
+    "conditional_disagg_decode_busy_threshold": (None, _any, None),
     "router_policy_config": (None, _only(None, "router policy profiles"), None),
     "router_prefill_policy": (None, _only(None, "router policy profiles"), None),
     "router_decode_policy": (None, _only(None, "router policy profiles"), None),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-import time
+import time  # only to report the host's wall time beside the simulated results (never the sim clock)
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path

@@ -4,11 +4,12 @@ Each request gets a :class:`~servesim.cluster.handoff.HandoffCoordinator`
 (source first, as vLLM): the flow carries out its actions against the pools
 and feeds back their outcomes and the facts the engines report::
 
-    arrival ─► SubmitPrefill: round robin over prefill workers; a one-token
-               (hidden) request prefills the prompt
+    arrival ─► SubmitPrefill: the prefill placement policy (round robin or KV
+               router) picks a worker; a one-token (hidden) request prefills the prompt
     prefill pass end ─► SourceHeld: the prefill rank keeps the prompt's KV
-    ReserveDestination: round robin over decode workers; waits for the decode
+    ReserveDestination: the decode policy picks a worker; waits for the decode
                rank's pass in flight; the rank reserves the prompt's blocks
+               (a prompt the decode rank can never hold is rejected)
     StartTransfer: the KV moves (fixed delay, or over shared links)
     ActivateDestination: waits for the decode rank's pass in flight to end;
                the request then joins the decode rank's queue, prebuilt
@@ -104,7 +105,7 @@ class DisaggregatedFlow:
         self._observer = observer  # of the prefill pool; decode workers publish no KV events
         self._block_size = prefill_config.block_size
         self._ledger = ledger
-        self._timing = prefill_config
+        self._prefill_config = prefill_config
         self._handoffs: dict[int, _Handoff] = {}
         self._pending: deque[tuple[int, Action]] = deque()
         self._deferred: dict[tuple[Stage, int], list[tuple[int, Action]]] = {}
@@ -175,7 +176,7 @@ class DisaggregatedFlow:
     # ----- pass outputs -----
 
     def _prefill_ended(self, outputs: PassOutputs, now: float) -> None:
-        timing = self._timing
+        timing = self._prefill_config
         for request in outputs.finished:
             self._handoffs[request.uid].record.source_held_ms = now
             self._dispatch_prefill(self._prefill_policy.prefill_completed(request.uid, now), now)
@@ -300,7 +301,12 @@ class DisaggregatedFlow:
             self._deferred.setdefault((Stage.DECODE, worker), []).append((uid, action))
             return
         assert handoff.decode_request is not None
-        reservation = self._decode_rank(handoff).reserve_destination(handoff.decode_request)
+        destination = self._decode_rank(handoff)
+        if destination.never_fits(handoff.decode_request):
+            self._end(uid, now, Terminal.REJECTED)
+            self._outcome(uid, action, Outcome.FAILED)
+            return
+        reservation = destination.reserve_destination(handoff.decode_request)
         self._outcome(uid, action, Outcome.ACCEPTED)
         if reservation is not None:
             self._reserved(uid, *reservation, now)

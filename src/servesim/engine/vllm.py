@@ -135,6 +135,27 @@ class VllmScheduler:
         self.pool.release(request.blocks, request.named_blocks)
         return True
 
+    def never_fits(self, request: EngineRequest) -> bool:
+        """Whether a fresh request can never be served here, however long it waits.
+
+        Its prompt reaches ``max_model_len``; its known sequence needs more
+        blocks than the rank has; or, without chunked prefill, its prompt
+        exceeds the token budget of any pass.
+        """
+        max_len = self.config.max_model_len
+        if max_len is not None and request.prompt_len >= max_len:
+            return True
+        if request.status is not Status.WAITING or request.num_computed:
+            return False  # preempted, or prebuilt by a transfer: it fit before
+        budget = self.config.max_num_batched_tokens
+        computes_prompt = self.config.worker_type != "decode"
+        return -(-request.length // self.block_size) > self.config.num_gpu_blocks or (
+            computes_prompt
+            and not self.config.enable_chunked_prefill
+            and budget is not None
+            and request.prompt_len > budget
+        )
+
     def reserve_destination(self, request: EngineRequest) -> tuple[int, int] | None:
         """Reserve the blocks of a request's prompt on this decode rank.
 
@@ -354,17 +375,12 @@ class VllmScheduler:
         that can never fit.
         """
         if request.blocks and request.num_computed:
-            return (
-                0  # prebuilt on a decode rank: its blocks were reserved and filled by the transfer
-            )
+            # Prebuilt on a decode rank: its blocks were reserved and filled by the transfer.
+            return 0
         bs = self.block_size
         length = request.length
-        max_len = self.config.max_model_len
         num_blocks = -(-length // bs)
-        fresh = request.status is Status.WAITING
-        if (max_len is not None and request.prompt_len >= max_len) or (
-            fresh and num_blocks > self.config.num_gpu_blocks
-        ):
+        if self.never_fits(request):
             return -1
         hits = active_hits = 0
         if self._caching:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
@@ -89,6 +90,30 @@ class RequestRecord:
         self.overlap_blocks: int | None = None
         self.best_overlap_blocks: int | None = None
         self.queue_wait_ms = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Latencies:
+    """A request's latencies (ms), by the reference's definitions; None where it has too few tokens."""
+
+    ttft: float | None = None
+    e2e: float | None = None
+    ttst: float | None = None
+    tpot: float | None = None
+
+
+def latencies(r: RequestRecord) -> Latencies:
+    """TTFT and E2E from its first and last tokens; TTST and TPOT once it has two."""
+    if r.first_token_ms is None or r.last_token_ms is None:
+        return Latencies()
+    ttft = max(0.0, r.first_token_ms - r.arrival_ms)
+    e2e = max(0.0, r.last_token_ms - r.arrival_ms)
+    if r.num_tokens < 2:
+        return Latencies(ttft=ttft, e2e=e2e)
+    assert r.second_token_ms is not None
+    ttst = max(0.0, r.second_token_ms - r.first_token_ms)
+    tpot = max(0.0, r.last_token_ms - r.first_token_ms) / (r.num_tokens - 1)
+    return Latencies(ttft=ttft, e2e=e2e, ttst=ttst, tpot=tpot)
 
 
 class Collector:

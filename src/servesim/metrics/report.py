@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from servesim.metrics.collector import RequestRecord
+from servesim.metrics.collector import RequestRecord, latencies
 
 
 def _uuid(uid: int) -> str:
@@ -19,14 +19,7 @@ def _uuid(uid: int) -> str:
 
 def request_row(r: RequestRecord) -> dict[str, Any]:
     """One per-request JSONL record (reference field names)."""
-    ttft = e2e = ttst = itl = None
-    if r.first_token_ms is not None and r.last_token_ms is not None:
-        ttft = max(0.0, r.first_token_ms - r.arrival_ms)
-        e2e = max(0.0, r.last_token_ms - r.arrival_ms)
-        if r.num_tokens >= 2:
-            assert r.second_token_ms is not None
-            ttst = max(0.0, r.second_token_ms - r.first_token_ms)
-            itl = max(0.0, r.last_token_ms - r.first_token_ms) / (r.num_tokens - 1)
+    lat = latencies(r)
     return {
         "uuid": _uuid(r.uid),
         "session_id": r.session_id,
@@ -36,10 +29,10 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "first_token_ms": r.first_token_ms,
         "last_token_ms": r.last_token_ms,
         "terminal_time_ms": r.terminal_ms,
-        "ttft_ms": ttft,
-        "ttst_ms": ttst,
-        "e2e_latency_ms": e2e,
-        "itl_ms": itl,
+        "ttft_ms": lat.ttft,
+        "ttst_ms": lat.ttst,
+        "e2e_latency_ms": lat.e2e,
+        "itl_ms": lat.tpot,
         "input_length": r.input_length,
         "requested_output_length": r.requested_output,
         "output_length": r.num_tokens,
@@ -63,13 +56,23 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
 
 
 def _atomic_write(path: Path, chunks: Iterable[str]) -> None:
-    """Write a file whole or not at all (no partial report is ever left behind)."""
+    """Write a file whole or not at all (no partial report is ever left behind).
+
+    A path that exists and is not a regular file (``/dev/stdout``, a pipe) is
+    written in place. Raises OSError when the path cannot be written.
+    """
+    if path.exists() and not path.is_file():
+        with path.open("w", encoding="utf-8") as handle:
+            handle.writelines(chunks)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for chunk in chunks:
-                handle.write(chunk)
+            handle.writelines(chunks)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary new file (mkstemp makes it private)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

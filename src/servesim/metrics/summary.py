@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from servesim.metrics.collector import Collector, RequestRecord, Terminal
+from servesim.metrics.collector import Collector, RequestRecord, Terminal, latencies
 from servesim.metrics.stats import describe
 
 
@@ -42,9 +42,9 @@ def _dist(out: dict[str, Any], name: str, stats: dict[str, float], suffix: str =
 def _is_good(r: RequestRecord, sla: Sla) -> bool:
     if r.num_tokens == 0:
         return sla.e2e_ms is not None and sla.ttft_ms is None and sla.itl_ms is None
-    assert r.first_token_ms is not None and r.last_token_ms is not None
-    ttft = max(0.0, r.first_token_ms - r.arrival_ms)
-    e2e = max(0.0, r.last_token_ms - r.arrival_ms)
+    lat = latencies(r)
+    assert lat.ttft is not None and lat.e2e is not None
+    ttft, e2e = lat.ttft, lat.e2e
     if sla.ttft_ms is not None and ttft > sla.ttft_ms:
         return False
     if sla.e2e_ms is not None and e2e > sla.e2e_ms:
@@ -62,15 +62,14 @@ def summarize(collector: Collector, *, cost: Cost, sla: Sla, wall_time_ms: float
     done = [r for r in records if r.terminal is Terminal.COMPLETED and r.first_admit_ms is not None]
     ttft, ttst, tpot, e2e = [], [], [], []
     for r in done:
-        if r.num_tokens == 0:
+        lat = latencies(r)
+        if lat.ttft is None or lat.e2e is None:
             continue
-        assert r.first_token_ms is not None and r.last_token_ms is not None
-        ttft.append(max(0.0, r.first_token_ms - r.arrival_ms))
-        e2e.append(max(0.0, r.last_token_ms - r.arrival_ms))
-        if r.num_tokens >= 2:
-            assert r.second_token_ms is not None
-            ttst.append(max(0.0, r.second_token_ms - r.first_token_ms))
-            tpot.append(max(0.0, r.last_token_ms - r.first_token_ms) / (r.num_tokens - 1))
+        ttft.append(lat.ttft)
+        e2e.append(lat.e2e)
+        if lat.ttst is not None and lat.tpot is not None:
+            ttst.append(lat.ttst)
+            tpot.append(lat.tpot)
     total_in = sum(r.input_length for r in done)
     total_out = sum(r.num_tokens for r in done)
     duration = max((r.terminal_ms for r in done if r.terminal_ms is not None), default=0.0)

@@ -98,7 +98,13 @@ class KvPolicy:
         self._busy_tokens = math.inf
         if config.router_queue_threshold is not None:
             self._queue = RouterQueue(config.router_queue_policy)
-            self._busy_tokens = config.router_queue_threshold * (max_batched_tokens or math.inf)
+            threshold = config.router_queue_threshold
+            # Unbounded batches: only a zero threshold ever counts a target busy.
+            self._busy_tokens = (
+                threshold * max_batched_tokens
+                if max_batched_tokens
+                else (0.0 if threshold == 0 else math.inf)
+            )
 
     def place(self, request: RouteRequest, now: float, *, priority: int = 0) -> list[Routed]:
         """See :class:`PlacementPolicy`."""

@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from servesim.errors import TraceError
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
@@ -106,7 +106,7 @@ def _parse_row(
         raise TraceError(f"{where}: 'delay' must be non-negative, got {delay}")
     session = obj.get("session_id")
     if session is not None and not isinstance(session, (str, int)):
-        raise TraceError(f"{where}: 'session_id' must be a string, got {session!r}")
+        raise TraceError(f"{where}: 'session_id' must be a string or an integer, got {session!r}")
     priority = obj.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TraceError(f"{where}: 'priority' must be an integer, got {priority!r}")
@@ -129,7 +129,7 @@ def _read_rows(path: Path, trace_block_size: int, cache: BlockContentCache) -> I
     except OSError as exc:
         raise TraceError(f"cannot open trace file {path}: {exc.strerror}") from None
     with handle:
-        for line_no, text in enumerate(handle, start=1):
+        for line_no, text in _lines(handle, path):
             if not text.strip():
                 continue
             where = f"{path}:{line_no}"
@@ -140,6 +140,15 @@ def _read_rows(path: Path, trace_block_size: int, cache: BlockContentCache) -> I
                     f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
                 ) from None
             yield _parse_row(obj, where, line_no, trace_block_size, interner, cache)
+
+
+def _lines(handle: TextIO, path: Path) -> Iterator[tuple[int, str]]:
+    line_no = 0
+    try:
+        for line_no, text in enumerate(handle, start=1):
+            yield line_no, text
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}:{line_no + 1}: not UTF-8 text") from None
 
 
 def read_mooncake(path: Path, *, trace_block_size: int, need_timestamps: bool) -> list[Session]:
@@ -157,16 +166,18 @@ def read_mooncake(path: Path, *, trace_block_size: int, need_timestamps: bool) -
     if trace_block_size <= 0:
         raise TraceError(f"trace block size must be greater than 0, got {trace_block_size}")
     cache = BlockContentCache()
-    sessions: dict[str, list[_Row]] = {}
+    # Keyed apart, so that an explicit session named like an implicit one stays separate.
+    sessions: dict[tuple[bool, str], list[_Row]] = {}
     for row in _read_rows(path, trace_block_size, cache):
-        if row.spec.session_id is None:
+        explicit = row.spec.session_id is not None
+        if not explicit:
             # A row without a session is a one-turn session of its own, named as the reference names it.
             row.spec.session_id = f"request_{row.line}"
-        key = row.spec.session_id
-        sessions.setdefault(key, []).append(row)
+        assert row.spec.session_id is not None
+        sessions.setdefault((explicit, row.spec.session_id), []).append(row)
     if not sessions:
         raise TraceError(f"trace file {path} did not contain any requests")
-    return [_session(path, key, rows, need_timestamps) for key, rows in sessions.items()]
+    return [_session(path, key, rows, need_timestamps) for (_, key), rows in sessions.items()]
 
 
 def _session(path: Path, key: str, rows: list[_Row], need_timestamps: bool) -> Session:

@@ -151,10 +151,6 @@ class BlockPool:
         """Inactive blocks, next to be evicted first (for tests and diagnostics)."""
         return list(self._lru)
 
-    def hash_of(self, block: BlockId) -> BlockHash | None:
-        """The sequence hash a block carries, or None while it is private."""
-        return self._hash[block]
-
     # ----- mutations -----
 
     def allocate(self, table: list[BlockId], prefix: list[BlockHash], num_new: int) -> bool:
