@@ -155,18 +155,22 @@ class Collector:
 
     def on_token(self, record: RequestRecord, now: float) -> None:
         """One output token was emitted at ``now``."""
-        last = record.last_token_ms
-        if last is None:
+        if record.last_token_ms is None:
             record.first_token_ms = now
         else:
-            gap = now - last
-            self.itl.add(gap)
-            if gap > 0.0:
-                self.per_user.add(1000.0 / gap)
-            if record.num_tokens == 1:
-                record.second_token_ms = now
+            self._next_token(record, now)
         record.last_token_ms = now
         record.num_tokens += 1
+
+    def _next_token(self, record: RequestRecord, now: float) -> None:
+        """A token after the first: its gap goes into the sketches."""
+        assert record.last_token_ms is not None
+        gap = now - record.last_token_ms
+        self.itl.add(gap)
+        if gap > 0.0:
+            self.per_user.add(1000.0 / gap)
+        if record.num_tokens == 1:
+            record.second_token_ms = now
 
     def on_token_stream(self, records: list[RequestRecord], times: np.ndarray) -> None:
         """Each request got one token at each of ``times`` (fast-forwarded passes).
@@ -177,14 +181,8 @@ class Collector:
         """
         first = float(times[0])
         for record in records:
-            last = record.last_token_ms
-            assert last is not None, "fast-forward starts after the first token"
-            gap = first - last
-            self.itl.add(gap)
-            if gap > 0.0:
-                self.per_user.add(1000.0 / gap)
-            if record.num_tokens == 1:
-                record.second_token_ms = first
+            assert record.last_token_ms is not None, "fast-forward starts after the first token"
+            self._next_token(record, first)
             record.last_token_ms = float(times[-1])
             record.num_tokens += len(times)
         if len(times) > 1:
