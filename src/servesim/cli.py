@@ -33,25 +33,23 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _integer(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least ``minimum``."""
+def _integer(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``, described as ``what``."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if value < minimum:
-            raise argparse.ArgumentTypeError(
-                f"must be an integer >= {minimum} (non-negative), got {value}"
-            )
+            raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
         return value
 
     return parse
 
 
-_seed = _integer(0)
-_positive_int = _integer(1)
+_seed = _integer(0, "a non-negative integer")
+_positive_int = _integer(1, "an integer >= 1")
 
 
 def _non_negative(text: str) -> float:
