@@ -308,8 +308,10 @@ def parse_engine_args(
             f"{source}: backend '{backend}' is not supported by servesim yet (only 'vllm')"
         )
     _check_role(values, raw, source, role)
-    if not values.get("block_size"):
+    if "block_size" not in values:
         values["block_size"] = _DEFAULT_BLOCK_SIZE[backend]
+    if values["block_size"] <= 0:
+        raise ConfigError(f"{source}: block_size must be positive, got {values['block_size']}")
     if values["block_size"] < 2:
         raise ConfigError(
             f"{source}: block_size must be >= 2 for the vllm backend, got {values['block_size']}"

@@ -225,6 +225,12 @@ class Runtime:
         self.now = upcoming
 
     def _outcome(self, *, time_limited: bool) -> RunOutcome:
+        self.ledger.collector.committed_prefill_tokens = sum(
+            rank.committed_prefill_tokens
+            for pool in self._pools.values()
+            for worker in pool.workers
+            for rank in worker.ranks
+        )
         return RunOutcome(
             final_ms=self.now, time_limited=time_limited, worker_seconds=dict(self._worker_seconds)
         )

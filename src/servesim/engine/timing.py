@@ -43,7 +43,7 @@ class PolynomialTiming:
     """The reference's default fitted polynomials.
 
     prefill = 4.209989e-07 t^2 + 1.518344e-02 t + 16.50142, t = batch * (isl - prefix)
-    decode  = max(-25.74 p^2 + 54.01 p + 5.74, 1.0), p = active KV tokens / capacity
+    decode  = max(-25.74 p^2 + 54.01 p + 5.74, 1.0), p = min(active KV tokens / capacity, 1)
     """
 
     __slots__ = ("_decode_div", "_inv_total", "_prefill_div")
@@ -65,7 +65,8 @@ class PolynomialTiming:
         """See :class:`TimingModel`."""
         if batch == 0:
             return 0.0
-        p = active_kv_tokens * self._inv_total if self._inv_total else 1.0
+        # Shared blocks count once in the pool but in every request's context: clamp at full.
+        p = min(active_kv_tokens * self._inv_total, 1.0) if self._inv_total else 1.0
         return max(-25.74 * p * p + 54.01 * p + 5.74, 1.0) / self._decode_div
 
     def decode_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
@@ -73,7 +74,7 @@ class PolynomialTiming:
         totals = np.arange(passes, dtype=np.float64) * batch + first_total
         if not self._inv_total:
             return np.full(passes, max(-25.74 + 54.01 + 5.74, 1.0) / self._decode_div)
-        p = totals * self._inv_total
+        p = np.minimum(totals * self._inv_total, 1.0)
         return np.maximum(-25.74 * p * p + 54.01 * p + 5.74, 1.0) / self._decode_div
 
 

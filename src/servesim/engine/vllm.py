@@ -98,6 +98,9 @@ class VllmScheduler:
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         self.preemptions_total = 0
+        # Tokens of the work items that computed prompt tokens (a recomputed output suffix
+        # included when it rides along with prompt tokens), as the reference counts them.
+        self.committed_prefill_tokens = 0
         # Prefill role: finished requests whose KV is held for the transfer (source side).
         self.held: dict[int, EngineRequest] = {}
         # Decode role: destination reservations waiting for room, and how many are reserved.
@@ -417,6 +420,7 @@ class VllmScheduler:
         prompt_tokens = min(target, request.prompt_len) - prompt_before
         batch = self._batch
         if prompt_tokens > 0:
+            self.committed_prefill_tokens += desired
             batch[0] += 1
             batch[1] += prompt_before + prompt_tokens
             batch[2] += prompt_before
@@ -489,6 +493,7 @@ class VllmScheduler:
             desired, prompt_before, prompt_tokens = undo
             self._budget += desired
             if prompt_before >= 0:
+                self.committed_prefill_tokens -= desired
                 batch = self._batch
                 batch[0] -= 1
                 batch[1] -= prompt_before + prompt_tokens
@@ -512,7 +517,9 @@ class VllmScheduler:
             if request.num_computed != length:
                 continue
             ready.append(request)
-            if scheduled[request][1] < 0:  # no prompt tokens this pass: it was already decoding
+            # Decoding: it computed no prompt tokens this pass, or it already had output (a
+            # preempted request re-admitted: its recompute pass also decodes, as the reference's).
+            if request.generated or scheduled[request][1] < 0:
                 decoding += 1
                 context += length
         decode = 0.0

@@ -123,6 +123,8 @@ class Collector:
         self.records: list[RequestRecord] = []
         self.itl = GapSketch()
         self.per_user = GapSketch()
+        # Set once the run ends: tokens the engines committed to prefill (recomputation included).
+        self.committed_prefill_tokens = 0
 
     def on_arrival(
         self,

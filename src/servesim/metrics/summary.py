@@ -104,6 +104,12 @@ def summarize(collector: Collector, *, cost: Cost, sla: Sla, wall_time_ms: float
         "first_admission_prefix_cache_reused_ratio": (
             sum(r.first_reused for r in done) / total_in if total_in else 0.0
         ),
+        "committed_prefill_tokens": collector.committed_prefill_tokens,
+        # The block pool evicts least recently used inactive blocks (the reference's only policy).
+        "kv_eviction_policy": "lru",
+        # No power model: the reference reports both as null without one.
+        "power_w": None,
+        "power_coverage": None,
         "num_ttft_samples": len(ttft),
         "num_tpot_samples": len(tpot),
         "num_e2e_latency_samples": len(e2e),
