@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from servesim.engine.kv.block_pool import BlockPool, KvEvent, KvRemoved, KvStored
 
 
@@ -101,3 +103,90 @@ def test_duplicate_copies_keep_the_hash_visible_until_the_last_goes() -> None:
     pool.allocate(c, [], 1)
     assert events[1:] == [KvRemoved((7,))]
     pool.check()
+
+
+# ----- check(): it must catch a corrupted pool, and pass a valid one -----
+
+
+def shared_prefix_state() -> tuple[BlockPool, list[int], list[int]]:
+    """Two requests sharing a cached two-block prefix, a third block each, one block free."""
+    pool, _ = make_pool(6)
+    a: list[int] = []
+    b: list[int] = []
+    pool.allocate(a, [], 3)
+    pool.cache(a, [11, 12, 13], 0, 2)
+    assert pool.allocate(b, [11, 12], 1)
+    assert (a, b) == ([0, 1, 2], [0, 1, 3])
+    return pool, a, b
+
+
+def test_check_passes_on_every_valid_state_of_a_lifecycle() -> None:
+    """Shared prefix, partial release, eviction, full release: check() holds at every step, tables given."""
+    pool, a, b = shared_prefix_state()
+    pool.check([a, b])
+    pool.release(b)  # its private block goes free; the shared prefix is still a's
+    pool.check([a])
+    pool.cache(a, [11, 12, 13], 2, 3)
+    pool.release(a)
+    pool.check([])
+    c: list[int] = []
+    assert pool.allocate(c, [], 5)  # three free blocks, then two evictions from the LRU head
+    pool.check([c])
+    pool.release(c)
+    pool.check([])
+    assert pool.num_active == 0
+
+
+def test_check_catches_a_block_its_owner_forgot() -> None:
+    """A request that drops its table without releasing leaks a referenced block: the recount sees it."""
+    pool, a, b = shared_prefix_state()
+    b.clear()  # the owner forgets blocks 0, 1 (shared) and 3 without releasing them
+    pool.check()  # the pool alone cannot tell: its counts are self-consistent
+    with pytest.raises(AssertionError, match="block 0: 2 references recorded, 1 tables hold it"):
+        pool.check([a, b])
+
+
+def test_check_catches_a_block_lost_from_every_list() -> None:
+    """A free block taken off the free list without being given out is neither free, inactive nor active."""
+    pool, _, _ = shared_prefix_state()
+    lost = pool._free.pop()
+    with pytest.raises(AssertionError, match=f"block {lost} leaked"):
+        pool.check()
+
+
+def test_check_catches_a_referenced_block_on_the_free_list() -> None:
+    """A block still held by a request must never be handed out again."""
+    pool, a, _ = shared_prefix_state()
+    pool._free.append(a[2])
+    with pytest.raises(AssertionError, match="block 2 has 1 references but is on the free list"):
+        pool.check()
+
+
+def test_check_catches_a_double_release_of_a_shared_prefix() -> None:
+    """Releasing b's copy twice drops the shared prefix to no references while a still lists it."""
+    pool, a, b = shared_prefix_state()
+    duplicate = list(b)
+    pool.release(b)
+    pool.release(duplicate[:2])  # the shared blocks go to the LRU under a's feet
+    with pytest.raises(AssertionError, match="block 0: 0 references recorded, 1 tables hold it"):
+        pool.check([a])
+
+
+def test_check_catches_an_inactive_block_that_is_still_referenced() -> None:
+    """A block in the LRU would be evicted from under its owner."""
+    pool, a, _ = shared_prefix_state()
+    pool._lru[a[0]] = None
+    with pytest.raises(AssertionError, match="block 0 has 2 references but is in the LRU"):
+        pool.check()
+
+
+def test_check_catches_a_stale_hash_index_entry() -> None:
+    """A hash left in the index after its block went free would be matched by a later prompt."""
+    pool, a, b = shared_prefix_state()
+    pool.release(b)
+    pool.release(a)
+    block = pool.lru_order()[0]
+    del pool._lru[block]
+    pool._free.append(block)  # freed by hand, its hash still indexed
+    with pytest.raises(AssertionError, match=f"free block {block} still carries a hash"):
+        pool.check()

@@ -114,7 +114,7 @@ def test_preemption_picks_the_newest_or_the_oldest_running_request(mode: str, vi
         result = s.execute_pass(now)
         now = result.end_ms
         preempted = [r.uid for r in result.preempted]
-        s.pool.check()
+        s.pool.check([r.blocks for r in (*s.running, *s.waiting)])
     assert preempted == [victim]
     assert s.waiting[0].uid == victim
     assert s.waiting[0].status is Status.PREEMPTED

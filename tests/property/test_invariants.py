@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servesim.config import EngineConfig
-from servesim.engine.vllm import PassResult
+from servesim.engine.request import EngineRequest
 from servesim.engine.worker import Worker
 from servesim.metrics.collector import Terminal
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
@@ -28,16 +28,19 @@ class CheckedWorker(Worker):
 
     last_start = 0.0
 
-    def start_pass(self, now: float) -> tuple[float, list[tuple[int, PassResult]]]:
+    def start_pass(self, now: float) -> tuple[float, list[tuple[EngineRequest, int]]] | None:
         assert now >= self.last_start, "time went backwards"
         self.last_start = now
-        end, results = super().start_pass(now)
-        assert end >= now
+        started = super().start_pass(now)
+        if started is not None:
+            assert started[0] >= now
         for rank in self.ranks:
-            rank.pool.check()
+            # Every reference a rank's pool counts is some request's block table.
+            tables = [r.blocks for r in (*rank.running, *rank.waiting, *rank.held.values())]
+            rank.pool.check(tables)
             held = sum(len(r.blocks) for r in rank.running)
             assert rank.pool.num_active <= held  # shared prefix blocks are counted once
-        return end, results
+        return started
 
 
 requests = st.lists(
@@ -89,7 +92,7 @@ def test_random_workloads_keep_the_invariants(
             Session(turns=[RequestSpec(prompt=prompt, output_length=output)], start_ms=arrival)
         )
     mark_shared_blocks(sessions, BLOCK)
-    workers = [CheckedWorker(i, config) for i in range(num_workers)]
+    workers: list[Worker] = [CheckedWorker(i, config) for i in range(num_workers)]
     collector, outcome = replay_aggregated(sessions, config, workers, concurrency=concurrency)
     records = collector.records
     assert len(records) == len(reqs)
@@ -105,4 +108,4 @@ def test_random_workloads_keep_the_invariants(
         assert worker.in_flight() == 0
         for rank in worker.ranks:
             assert rank.pool.num_active == 0
-            rank.pool.check()
+            rank.pool.check([])

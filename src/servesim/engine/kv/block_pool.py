@@ -8,9 +8,11 @@ ordered by when it became inactive; allocation evicts from the LRU head
 same hash (two requests that computed the same block at once); each uses
 capacity, and the hash stays visible until its last copy is evicted.
 
-Invariants (checked by :meth:`check`):
-  free + used == capacity; inactive blocks are cached with refs == 0;
-  every cached block is listed under its hash; refs >= 0.
+Invariants (checked by :meth:`check`): every block is exactly one of free
+(no references, no hash), inactive (no references, a hash, in the LRU) or
+active (referenced, on neither list); every cached block is listed under its
+hash; and, given the block tables that hold them, each block's reference
+count is the number of tables listing it.
 
 KV events, when a sink is attached, mirror the reference: ``Stored`` for runs
 of consecutive blocks whose hash became visible (0 -> 1 copies), with the
@@ -21,6 +23,7 @@ evicted. Nothing is emitted on release or on a prefix hit.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 BlockId = int
@@ -289,20 +292,74 @@ class BlockPool:
                 lru[block] = None
         table.clear()
 
-    def check(self) -> None:
-        """Assert the pool's invariants (tests call this after every step)."""
-        assert self.num_free + self.num_active + len(self._lru) == self.capacity
-        for block in self._lru:
-            assert self._refs[block] == 0 and self._hash[block] is not None
+    def check(self, tables: Iterable[Sequence[BlockId]] | None = None) -> None:
+        """Assert the pool's invariants (tests call this after every step).
+
+        Every block must be in exactly one state, judged block by block rather
+        than from the pool's own counters: *free* (on the free list once, no
+        references, no hash), *inactive* (in the LRU, no references, a hash)
+        or *active* (referenced; then on neither list). A block with no
+        references on neither list has leaked; a referenced block on the free
+        list would be handed to a second request. The hash index lists
+        exactly the blocks carrying a real hash.
+
+        Args:
+            tables: when given, every block table that holds references on
+                this pool (running, waiting-with-blocks, held and reserved
+                requests). Each block's reference count must then equal the
+                number of tables listing it: a count the pool kept after its
+                owner forgot the block (a leak), or lost while a table still
+                lists it (a double release), fails here.
+
+        Costs O(capacity + blocks in tables); the hot path keeps no extra state.
+        """
+        capacity, refs, block_hash, lru = self.capacity, self._refs, self._hash, self._lru
+        free = self._free[self._free_head :]
+        free_set = set(free)
+        assert len(free_set) == len(free), "a block is on the free list twice"
+        assert all(0 <= b < capacity for b in free_set), "a free-list entry is not a block id"
+        assert len(refs) == len(block_hash) == capacity
+        active = 0
+        for block in range(capacity):
+            count = refs[block]
+            assert count >= 0, f"block {block} has {count} references"
+            on_free, on_lru = block in free_set, block in lru
+            if count:
+                active += 1
+                assert not on_free, f"block {block} has {count} references but is on the free list"
+                assert not on_lru, f"block {block} has {count} references but is in the LRU"
+                continue
+            assert not (on_free and on_lru), f"block {block} is both free and inactive"
+            assert on_free or on_lru, (
+                f"block {block} leaked: no references, neither free nor evictable"
+            )
+            if on_free:
+                assert block_hash[block] is None, f"free block {block} still carries a hash"
+            else:
+                assert block_hash[block] is not None, f"inactive block {block} has no hash"
+        assert active == self.num_active, "free + inactive + active blocks != capacity"
+        indexed = list(self._by_hash.values())
         for h, block in self._by_hash.items():
-            assert self._hash[block] == h
+            assert block_hash[block] == h, f"hash index points {h} at block {block}"
         for h, copies in self._extra_copies.items():
             assert copies and h in self._by_hash, "extra copies without a first copy"
             for block in copies:
-                assert self._hash[block] == h
-        assert all(r >= 0 for r in self._refs)
-        free = self._free[self._free_head :]
-        assert len(set(free)) == len(free) and not set(free) & set(self._lru)
+                assert block_hash[block] == h, f"extra copy {block} of {h} carries another hash"
+            indexed += copies
+        named = [b for b in range(capacity) if block_hash[b] not in (None, UNNAMED)]
+        assert len(set(indexed)) == len(indexed), "a block is indexed twice"
+        assert set(indexed) == set(named), "hash index and block hashes disagree"
+        if tables is None:
+            return
+        counted = [0] * capacity
+        for table in tables:
+            assert len(set(table)) == len(table), f"a block table lists a block twice: {table}"
+            for block in table:
+                counted[block] += 1
+        for block in range(capacity):
+            assert refs[block] == counted[block], (
+                f"block {block}: {refs[block]} references recorded, {counted[block]} tables hold it"
+            )
 
     # ----- internals -----
 
