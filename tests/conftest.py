@@ -1,18 +1,9 @@
-"""Shared fixtures and paths."""
+"""Root conftest of the test suite: keep it, even without fixtures.
 
-from __future__ import annotations
-
-from pathlib import Path
-
-import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-
-
-@pytest.fixture
-def shared_dir() -> Path:
-    """The team's shared folder (traces, profiles); CI has it beside the clone."""
-    if not SHARED.is_dir():
-        pytest.skip("../shared is not available")
-    return SHARED
+pytest imports it as ``tests.conftest`` (``tests`` is a package), which puts
+the repository root on ``sys.path``; that is what lets test modules in folders
+without ``__init__.py`` (``tests/property``, ...) import ``tests.support``.
+Fixtures for every test belong here; the scenario tests' own are in
+``tests/scenarios/conftest.py``. The tests need nothing outside the
+repository: their data is in ``tests/data/``.
+"""

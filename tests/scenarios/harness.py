@@ -1,0 +1,377 @@
+"""Scenarios, stored reference outputs and comparison rules for the end-to-end tests.
+
+A scenario is a copy of one of the team's reference scenarios (the format of
+``shared/reference/README.md``), kept in ``tests/scenarios/reference/`` as
+``<name>.scenario.json``. The copies name their trace and timing profile by a
+path relative to ``tests/`` (files under ``tests/data/``), so a clone of the
+repository runs them alone. Beside each scenario is what the reference
+(NVIDIA Dynamo 1.6.1's offline replay) produced for it, written by
+``regenerate.py``:
+
+- deterministic scenarios (round robin): ``<name>.summary.json``, the
+  reference's whole summary, and ``<name>.requests.json``, its per-request
+  records reduced to :data:`RECORD_FIELDS`, in arrival order;
+- KV-router scenarios (the reference breaks cost ties at random, unseeded):
+  ``<name>.spread.json``, the minimum and maximum of every summary key over
+  many reference runs.
+
+The functions here build servesim's command line for a scenario the way
+``refcheck.py`` does, reduce per-request records of either simulator to the
+compared fields, and compare summaries and records, returning one sentence per
+disagreement that names the scenario, the key, both values and the relative
+difference. Standard library only: ``regenerate.py`` uses it too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parents[1]
+REFERENCE = Path(__file__).resolve().parent / "reference"
+
+# Summary keys that measure the host (the simulator's own speed), not the
+# simulated cluster: never compared.
+HOST_SPEED_KEYS = frozenset(
+    {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"}
+)
+
+# Deterministic scenarios: floats agree to this relative error, or to the
+# absolute error below for values near zero; integers and non-numbers exactly.
+REL_TOL = 1e-6
+ABS_TOL = 1e-9
+# KV-router scenarios: a value may lie this far (relative) outside the range
+# of the reference's runs; nothing more.
+SPREAD_SLACK = 1e-9
+
+# The per-request fields kept from both simulators' records (same names in
+# both). The first three identify a request; the rest are compared.
+IDENTITY_FIELDS = ("arrival_time_ms", "input_length", "output_length")
+RECORD_FIELDS = (
+    *IDENTITY_FIELDS,
+    "first_token_ms",
+    "last_token_ms",
+    "reused_input_tokens",
+    "decode_reused_input_tokens",
+    "prefill_worker_idx",
+    "decode_worker_idx",
+    "terminal_status",
+)
+# Digits kept of stored floats: rounding then costs 1e-12 relative at most.
+STORED_DIGITS = 12
+
+Json = dict[str, Any]
+Row = list[Any]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One scenario: its name, its JSON dict and where its stored outputs are."""
+
+    name: str
+    spec: Json
+
+    @property
+    def kv_router(self) -> bool:
+        """Whether the reference routes with its (randomly tie-breaking) KV router."""
+        return bool(self.spec.get("router_mode") == "kv_router")
+
+    @property
+    def summary_path(self) -> Path:
+        """The reference's summary (deterministic scenarios)."""
+        return REFERENCE / f"{self.name}.summary.json"
+
+    @property
+    def requests_path(self) -> Path:
+        """The reference's reduced per-request records (deterministic scenarios)."""
+        return REFERENCE / f"{self.name}.requests.json"
+
+    @property
+    def spread_path(self) -> Path:
+        """Minimum and maximum of each summary key over the reference's runs (KV router)."""
+        return REFERENCE / f"{self.name}.spread.json"
+
+
+def load_scenarios() -> list[Scenario]:
+    """Every scenario in ``tests/scenarios/reference/``, sorted by name."""
+    return [
+        Scenario(p.name.removesuffix(".scenario.json"), json.loads(p.read_text()))
+        for p in sorted(REFERENCE.glob("*.scenario.json"))
+    ]
+
+
+def load_scenario(name: str) -> Scenario:
+    """The scenario called ``name``."""
+    return Scenario(name, json.loads((REFERENCE / f"{name}.scenario.json").read_text()))
+
+
+def with_absolute_paths(spec: Json) -> Json:
+    """A copy of ``spec`` whose trace and profile paths are absolute (relative ones are under ``tests/``)."""
+    out: Json = json.loads(json.dumps(spec))
+    if "trace" in out:
+        out["trace"] = str(TESTS / out["trace"])
+    for key in ("engine", "prefill_engine", "decode_engine"):
+        timing = out.get(key, {}).get("timing_model")
+        if timing:
+            holder = timing.get("config", timing)
+            holder["path"] = str(TESTS / holder["path"])
+    return out
+
+
+def _servesim_engine(engine: Json, overrides: Json) -> Json:
+    """An engine dict in servesim's words: the reference's external profile renamed, overrides applied."""
+    out = {**engine, **overrides}
+    timing = out.get("timing_model")
+    if timing and timing.get("provider") == "dynamo_profile":
+        out["timing_model"] = {"type": "interpolated", "path": timing["config"]["path"]}
+    return out
+
+
+def write_trace(spec: Json, workdir: Path) -> Path:
+    """The scenario's trace cut to its first ``max_requests`` lines, written into ``workdir``."""
+    lines = Path(spec["trace"]).read_text().splitlines(keepends=True)
+    trace = workdir / "trace.jsonl"
+    trace.write_text("".join(lines[: spec.get("max_requests", len(lines))]))
+    return trace
+
+
+def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
+    """servesim's command line for a scenario, as ``refcheck.py argv`` builds it.
+
+    Covers the scenario keys the stored scenarios use (trace or synthetic
+    workload, closed loop, router mode and config, aggregated or
+    disaggregated pools, timing profiles, servesim-only engine overrides); a
+    scenario with any other key is refused, so a new key cannot be dropped
+    silently.
+    """
+    known = {
+        "name", "trace", "max_requests", "trace_block_size", "arrival_speedup_ratio",
+        "synthetic", "replay_concurrency", "router_mode", "router_config", "num_workers",
+        "engine", "num_prefill_workers", "num_decode_workers", "prefill_engine",
+        "decode_engine", "servesim_engine_overrides",
+    }  # fmt: skip
+    unknown = sorted(set(sc.spec) - known)
+    if unknown:
+        raise ValueError(f"{sc.name}: scenario keys the test harness does not handle: {unknown}")
+    spec = with_absolute_paths(sc.spec)
+    argv = ["replay"]
+    if "trace" in spec:
+        argv += [str(write_trace(spec, workdir))]
+        argv += ["--trace-block-size", str(spec.get("trace_block_size", 512))]
+        if spec.get("arrival_speedup_ratio", 1.0) != 1.0:
+            argv += ["--arrival-speedup-ratio", str(spec["arrival_speedup_ratio"])]
+    else:
+        syn = spec["synthetic"]
+        argv += [
+            "--input-tokens", str(syn["input_tokens"]),
+            "--output-tokens", str(syn["output_tokens"]),
+            "--request-count", str(syn["request_count"]),
+        ]  # fmt: skip
+        if syn.get("arrival_interval_ms") is not None:
+            argv += ["--arrival-interval-ms", str(syn["arrival_interval_ms"])]
+    if spec.get("replay_concurrency") is not None:
+        argv += ["--replay-concurrency", str(spec["replay_concurrency"])]
+    argv += ["--router-mode", spec.get("router_mode", "round_robin")]
+    if spec.get("router_config"):
+        argv += ["--router-config", json.dumps(spec["router_config"])]
+    overrides = spec.get("servesim_engine_overrides", {})
+    if "prefill_engine" in spec or "decode_engine" in spec:
+        argv += [
+            "--num-prefill-workers", str(spec.get("num_prefill_workers", 1)),
+            "--num-decode-workers", str(spec.get("num_decode_workers", 1)),
+            "--prefill-engine-args", json.dumps(_servesim_engine(spec.get("prefill_engine", {}), overrides)),
+            "--decode-engine-args", json.dumps(_servesim_engine(spec.get("decode_engine", {}), overrides)),
+        ]  # fmt: skip
+    else:
+        argv += [
+            "--num-workers", str(spec.get("num_workers", 1)),
+            "--extra-engine-args", json.dumps(_servesim_engine(spec.get("engine", {}), overrides)),
+        ]  # fmt: skip
+    return [*argv, "--report-json", str(report), "--quiet"]
+
+
+def _round(value: Any) -> Any:
+    """``value`` with floats cut to :data:`STORED_DIGITS` significant digits."""
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.{STORED_DIGITS}g}")
+    return value
+
+
+def reduce_records(records: Sequence[Mapping[str, Any]]) -> list[Row]:
+    """Records as rows of :data:`RECORD_FIELDS`, in arrival order.
+
+    Both simulators are sorted the same way: by arrival time, then input
+    and output length, then uuid. servesim numbers requests in arrival
+    order; the reference gives trace requests random uuids, so the lengths
+    break ties between trace requests that arrive together (no two requests
+    in the shipped trace slices share arrival time and both lengths), and
+    the uuid only orders synthetic requests, which both simulators number
+    ``00000000-0000-0000-0000-<index>``.
+    """
+    ordered = sorted(records, key=lambda r: (*(r[f] for f in IDENTITY_FIELDS), r["uuid"]))
+    return [[_round(r.get(f)) for f in RECORD_FIELDS] for r in ordered]
+
+
+def relative_difference(ref: float, ours: float) -> float:
+    """``|ours - ref| / |ref|`` (the absolute difference when ``ref`` is 0)."""
+    return abs(ours - ref) / abs(ref) if ref else abs(ours - ref)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def values_agree(ref: Any, ours: Any) -> bool:
+    """Deterministic rule: floats within :data:`REL_TOL` (or :data:`ABS_TOL`), anything else exactly.
+
+    An integer on the reference's side is a count and must match exactly.
+    """
+    if isinstance(ref, float) and _is_number(ours):
+        return math.isclose(ours, ref, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+    if isinstance(ref, int) and not isinstance(ref, bool):
+        return _is_number(ours) and bool(ours == ref)
+    return type(ours) is type(ref) and bool(ours == ref)
+
+
+def describe(scenario: str, key: str, ref: Any, ours: Any) -> str:
+    """One disagreement in words: scenario, key, both values, their relative difference."""
+    text = f"{scenario}: {key}: reference {ref!r}, servesim {ours!r}"
+    if _is_number(ref) and _is_number(ours):
+        text += f", relative difference {relative_difference(ref, ours):.3g}"
+    return text
+
+
+def compared_keys(reference: Mapping[str, Any]) -> list[str]:
+    """The reference's summary keys that are compared: all but :data:`HOST_SPEED_KEYS`."""
+    return sorted(k for k in reference if k not in HOST_SPEED_KEYS)
+
+
+def missing_keys(scenario: str, reference: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+    """A sentence for each compared reference key absent from servesim's summary."""
+    return [
+        f"{scenario}: {key}: reference {reference[key]!r}, servesim has no such key"
+        for key in compared_keys(reference)
+        if key not in ours
+    ]
+
+
+def compare_summary(
+    scenario: str, reference: Mapping[str, Any], ours: Mapping[str, Any]
+) -> list[str]:
+    """Summary keys present on both sides whose values disagree (deterministic rule)."""
+    return [
+        describe(scenario, key, reference[key], ours[key])
+        for key in compared_keys(reference)
+        if key in ours and not values_agree(reference[key], ours[key])
+    ]
+
+
+def within_spread(low: Any, high: Any, ours: Any) -> bool:
+    """KV-router rule: numbers inside ``[low, high]`` (with :data:`SPREAD_SLACK`), anything else equal."""
+    if _is_number(low) and _is_number(high) and _is_number(ours):
+        return bool(low - SPREAD_SLACK * abs(low) <= ours <= high + SPREAD_SLACK * abs(high))
+    return type(ours) is type(low) and bool(low == high == ours)
+
+
+def compare_spread(scenario: str, spread: Json, ours: Mapping[str, Any]) -> list[str]:
+    """Summary keys present on both sides outside the range of the reference's runs."""
+    low, high = spread["min"], spread["max"]
+    failures = []
+    for key in compared_keys(low):
+        if key not in ours or within_spread(low[key], high[key], ours[key]):
+            continue
+        ref = low[key] if low[key] == high[key] else f"{low[key]!r}..{high[key]!r}"
+        text = (
+            f"{scenario}: {key}: reference {ref} over {spread['runs']} runs, servesim {ours[key]!r}"
+        )
+        if _is_number(low[key]) and _is_number(ours[key]):
+            nearest = low[key] if ours[key] < low[key] else high[key]
+            text += (
+                f", relative difference to the range {relative_difference(nearest, ours[key]):.3g}"
+            )
+        failures.append(text)
+    return failures
+
+
+@dataclass
+class RecordDiff:
+    """Per-request disagreements: how many records differ, the largest differences per field, a few examples.
+
+    ``largest_relative`` and ``largest_absolute`` map a field to its largest
+    difference of that kind and the request (index in arrival order) where it
+    occurs; a changed non-number counts as ``inf``.
+    """
+
+    differing_records: int
+    largest_relative: dict[str, tuple[float, int]]
+    largest_absolute: dict[str, tuple[float, int]]
+    examples: list[str]
+
+    def note(self, field: str, ref: Any, ours: Any, index: int) -> None:
+        """Record one field's disagreement in request ``index``."""
+        numbers = _is_number(ref) and _is_number(ours)
+        for table, size in (
+            (self.largest_relative, relative_difference(ref, ours) if numbers else math.inf),
+            (self.largest_absolute, abs(ours - ref) if numbers else math.inf),
+        ):
+            if field not in table or size > table[field][0]:
+                table[field] = (size, index)
+
+    def describe(self, scenario: str, total: int) -> str:
+        """The disagreement in words (empty when the records agree)."""
+        if not self.differing_records:
+            return ""
+        parts = [f"{scenario}: {self.differing_records} of {total} request records differ"]
+        for field in sorted(self.largest_relative):
+            rel, rel_at = self.largest_relative[field]
+            absolute, abs_at = self.largest_absolute[field]
+            parts.append(
+                f"  {field}: largest relative difference {rel:.3g} (request #{rel_at}), "
+                f"largest absolute {absolute:.6g} (request #{abs_at})"
+            )
+        parts += ["  " + e for e in self.examples]
+        return "\n".join(parts)
+
+
+def compare_records(scenario: str, reference: Sequence[Row], ours: Sequence[Row]) -> RecordDiff:
+    """Rows of :data:`RECORD_FIELDS`, request by request (row ``i`` is request ``#i``), under the deterministic rule."""
+    diff = RecordDiff(0, {}, {}, [])
+    if len(reference) != len(ours):
+        diff.differing_records = max(len(reference), len(ours))
+        diff.examples.append(f"reference has {len(reference)} records, servesim {len(ours)}")
+        return diff
+    for index, (ref_row, our_row) in enumerate(zip(reference, ours, strict=True)):
+        bad = [
+            (field, r, o)
+            for field, r, o in zip(RECORD_FIELDS, ref_row, our_row, strict=True)
+            if not values_agree(r, o)
+        ]
+        if not bad:
+            continue
+        diff.differing_records += 1
+        for field, r, o in bad:
+            diff.note(field, r, o, index)
+        if len(diff.examples) < 5:
+            ident = ", ".join(f"{f}={v}" for f, v in zip(IDENTITY_FIELDS, ref_row, strict=False))
+            what = "; ".join(f"{f}: reference {r!r}, servesim {o!r}" for f, r, o in bad)
+            diff.examples.append(f"request #{index} ({ident}): {what}")
+    return diff
+
+
+def read_records(path: Path) -> list[Row]:
+    """Rows stored by :func:`write_records`, checking their fields."""
+    data = json.loads(path.read_text())
+    if tuple(data["fields"]) != RECORD_FIELDS:
+        raise ValueError(f"{path}: fields {data['fields']} are not {list(RECORD_FIELDS)}")
+    rows: list[Row] = data["rows"]
+    return rows
+
+
+def write_records(path: Path, rows: Sequence[Row]) -> None:
+    """Rows as ``{"fields": [...], "rows": [...]}`` with one row per line (small, diffable)."""
+    body = ",\n".join(json.dumps(row) for row in rows)
+    path.write_text(f'{{"fields": {json.dumps(list(RECORD_FIELDS))},\n"rows": [\n{body}\n]}}\n')
