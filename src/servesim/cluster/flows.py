@@ -8,7 +8,7 @@ import math
 from servesim.cluster.runtime import Ledger, Pool
 from servesim.engine.kv.block_pool import KvRemoved
 from servesim.engine.kv.hashing import chain_all
-from servesim.engine.request import EngineRequest
+from servesim.engine.request import EngineRequest, Status
 from servesim.engine.worker import PassOutputs, ScheduledRemoval, Worker
 from servesim.metrics.collector import RequestRecord, Terminal
 from servesim.router.indexer import KvIndexer
@@ -126,15 +126,18 @@ class AggregatedFlow:
         self._observe(worker)
         if self._observer is not None:
             self._observer.catch_up(now)
+        # Each request's signal in pass order, with the queue releases it triggers: a
+        # first token completes a prefill, a last one ends the request.
         for request in outputs.emitted:
-            if (
-                ledger.record(request.uid).num_tokens == 1
-                and request.generated < request.max_output
-            ):
+            if request.status is Status.FINISHED:
+                ledger.end(request.uid, now, Terminal.COMPLETED)
+                self._dispatch(policy.request_ended(request.uid, now), now)
+            elif ledger.record(request.uid).num_tokens == 1:
                 self._dispatch(policy.prefill_completed(request.uid, now), now)
-        for request in outputs.finished:
-            ledger.end(request.uid, now, Terminal.COMPLETED)
-            self._dispatch(policy.request_ended(request.uid, now), now)
+        for request in outputs.finished:  # those that ended without a token of this pass
+            if ledger.is_open(request.uid):
+                ledger.end(request.uid, now, Terminal.COMPLETED)
+                self._dispatch(policy.request_ended(request.uid, now), now)
         for request in outputs.rejected:
             ledger.end(request.uid, now, Terminal.REJECTED)
             self._dispatch(policy.request_ended(request.uid, now), now)

@@ -115,6 +115,10 @@ class Ledger:
         """The record of a request in flight."""
         return self._records[uid]
 
+    def is_open(self, uid: int) -> bool:
+        """Whether the request is in flight (entered and not ended)."""
+        return uid in self._records
+
     def deliver_tokens(self, outputs: PassOutputs, now: float) -> None:
         """Client-visible tokens of a pass (or window) that ended at ``now``."""
         records, collector = self._records, self.collector

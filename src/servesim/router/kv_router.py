@@ -9,9 +9,12 @@ For a request of ``isl`` prompt tokens and ``n`` blocks, on target ``w``::
                + decode_active_request_weight x active requests(w)
 
 ``decay(w) = 1 / (1 + credit_decay x ((prefill tokens(w) - min over targets) /
-block_size) / n)`` when ``overlap_score_credit_decay`` > 0. Temperature 0
-takes the cheapest target (ties broken by a seeded generator); a positive
-temperature samples ``p ∝ exp(-(c - c_min) / ((c_max - c_min) T))``.
+block_size) / n)`` when ``overlap_score_credit_decay`` > 0. As in the
+reference, a request's blocks in the load and the decode term are its
+*complete* prompt blocks (``isl // block_size``), while ``n`` in the decay is
+rounded up. Temperature 0 takes the cheapest target (ties broken by a seeded
+generator); a positive temperature samples
+``p ∝ exp(-(c - c_min) / ((c_max - c_min) T))``.
 
 Bookkeeping follows a request: its uncached prompt tokens load the target
 until its prefill completes; its blocks are active on the target until it
@@ -37,7 +40,7 @@ class RouteRequest:
     Attributes:
         uid: the request.
         isl: prompt tokens.
-        blocks: prompt blocks (the last may be partial).
+        blocks: prompt blocks, the last possibly partial (the decay's denominator only).
         hashes: sequence hashes of its leading blocks that another request
             may also hold; its other blocks are unique to it.
     """
@@ -111,12 +114,21 @@ class KvRouter:
         """Uncached prompt tokens routed to ``target`` whose prefill has not completed."""
         return self._loads[target].prefill_tokens
 
-    def select(self, request: RouteRequest, *, preferred: int | None = None) -> Placement:
+    def select(
+        self,
+        request: RouteRequest,
+        *,
+        preferred: int | None = None,
+        overlaps: dict[int, int] | None = None,
+    ) -> Placement:
         """The cheapest target for the request (or a sampled one, with a temperature).
 
-        A ``preferred`` target (session affinity) wins outright.
+        A ``preferred`` target (session affinity) wins outright. ``overlaps``
+        prices the request with cached blocks seen earlier (a queued request
+        keeps those it had when it entered the queue); by default the index's now.
         """
-        overlaps = self.overlaps(request)
+        if overlaps is None:
+            overlaps = self.overlaps(request)
         if preferred is not None:
             target = preferred
         else:
@@ -170,7 +182,7 @@ class KvRouter:
         unique = 0
         if self.config.router_track_active_blocks:
             hashes = request.hashes if load.shared is not None else []
-            unique = request.blocks - len(hashes)
+            unique = request.isl // self.block_size - len(hashes)
             load.unique_blocks += unique
             if load.shared is not None:
                 bit = 1 << placement.target
@@ -214,14 +226,15 @@ class KvRouter:
     def _decode_blocks(
         self, request: RouteRequest, load: _Load, already_active: int | None
     ) -> float:
+        blocks = request.isl // self.block_size
         if not self.config.router_track_active_blocks:
-            return float(request.blocks)
+            return float(blocks)
         shared = load.shared
         if shared is None:
-            return float(load.unique_blocks + request.blocks)
+            return float(load.unique_blocks + blocks)
         if already_active is None:
             already_active = sum(map(shared.__contains__, request.hashes))
-        return float(len(shared) + load.unique_blocks + request.blocks - already_active)
+        return float(len(shared) + load.unique_blocks + blocks - already_active)
 
     def _already_active(self, request: RouteRequest) -> dict[int, int]:
         """Per target, how many of the request's blocks are active there."""

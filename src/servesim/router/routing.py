@@ -71,6 +71,7 @@ class RoundRobinPolicy:
 class _Pending:
     request: RouteRequest
     enqueued_ms: float
+    overlaps: dict[int, int]  # cached blocks per target when it entered the queue
 
 
 class KvPolicy:
@@ -79,7 +80,9 @@ class KvPolicy:
     A target is busy while its uncached prompt tokens in flight exceed
     ``router_queue_threshold x max_num_batched_tokens``. With a threshold, a
     request waits while the queue is not empty or every target is busy; the
-    queue drains whenever a prefill completes or a request ends.
+    queue drains whenever a prefill completes or a request ends. A queued
+    request is priced with the overlaps it had when it entered the queue, as
+    the reference does.
     """
 
     def __init__(
@@ -113,14 +116,14 @@ class KvPolicy:
             overlaps = self.router.overlaps(request)
             best = max(overlaps.values(), default=0) * self.router.block_size
             queue.push(
-                _Pending(request, now),
+                _Pending(request, now, overlaps),
                 now=now,
                 isl=request.isl,
                 best_cached_tokens=best,
                 priority=priority,
             )
             return []
-        return [self._route(request, now, now)]
+        return [self._route(request, now, now, None)]
 
     def prefill_completed(self, uid: int, now: float) -> list[Routed]:
         """See :class:`PlacementPolicy`."""
@@ -142,13 +145,21 @@ class KvPolicy:
         released: list[Routed] = []
         while queue is not None and len(queue) and not self._all_busy():
             pending = queue.pop()
-            released.append(self._route(pending.request, now, pending.enqueued_ms))
+            released.append(
+                self._route(pending.request, now, pending.enqueued_ms, pending.overlaps)
+            )
         return released
 
-    def _route(self, request: RouteRequest, now: float, enqueued: float) -> Routed:
+    def _route(
+        self,
+        request: RouteRequest,
+        now: float,
+        enqueued: float,
+        overlaps: dict[int, int] | None,
+    ) -> Routed:
         affinity = self._affinity
         preferred = affinity.preferred(request.session) if affinity is not None else None
-        placement: Placement = self.router.select(request, preferred=preferred)
+        placement: Placement = self.router.select(request, preferred=preferred, overlaps=overlaps)
         self.router.add(request, placement)
         if affinity is not None:
             affinity.placed(request.session, placement.target)
