@@ -1,6 +1,10 @@
-"""Building small aggregated replays for tests, without the CLI."""
+"""Building small replays for tests, without the CLI; writing small traces."""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
 
 from servesim.cluster.disagg import DisaggregatedFlow
 from servesim.cluster.flows import AggregatedFlow
@@ -63,3 +67,17 @@ def replay_disaggregated(
     flow = DisaggregatedFlow(pools[0], pools[1], prefill, decode, ledger)
     outcome = Runtime(flow, admission, ledger, completions).run()
     return collector, flow, outcome
+
+
+def write_trace(path: Path, rows: Sequence[tuple[float, int, int, Sequence[int]]]) -> Path:
+    """Write a Mooncake JSONL trace, one (timestamp ms, input length, output length, hash ids) per row."""
+    with path.open("w", encoding="utf-8") as handle:
+        for timestamp, input_length, output_length, hash_ids in rows:
+            row = {
+                "timestamp": timestamp,
+                "input_length": input_length,
+                "output_length": output_length,
+                "hash_ids": list(hash_ids),
+            }
+            handle.write(json.dumps(row) + "\n")
+    return path
