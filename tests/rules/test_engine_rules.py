@@ -130,3 +130,43 @@ def test_block_size_zero_exits_with_a_usage_error(capsys: pytest.CaptureFixture[
     argv += ["--arrival-interval-ms", "1", "--extra-engine-args", '{"block_size": 0}']
     assert main(argv) == 2
     assert "block_size must be positive" in capsys.readouterr().err
+
+
+def _records_of(
+    tmp_path: Path, rows: list[dict[str, object]]
+) -> list[tuple[str | None, int | None]]:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    report = run(RunConfig(trace=trace))
+    return [
+        (r.session_id, r.turn_index) for r in sorted(report.records, key=lambda r: r.arrival_ms)
+    ]
+
+
+def test_a_trace_without_sessions_reports_none(tmp_path: Path) -> None:
+    """The reference writes ``session_id`` and ``turn_index`` null when no row has a session."""
+    rows: list[dict[str, object]] = [
+        {"timestamp": t, "input_length": 100, "output_length": 2, "hash_ids": [t + 1]}
+        for t in range(3)
+    ]
+    assert _records_of(tmp_path, rows) == [(None, None)] * 3
+
+
+def test_in_a_trace_with_sessions_a_row_without_one_is_named_by_its_line(tmp_path: Path) -> None:
+    """Once some rows have sessions, the reference names a session-less row ``request_<line>``.
+
+    Its probe: rows at 0 (no session), 1 (session "s") and "s" again after a
+    5 ms delay gave ("request_1", 0), ("s", 0), ("s", 1).
+    """
+    rows: list[dict[str, object]] = [
+        {"timestamp": 0, "input_length": 100, "output_length": 2, "hash_ids": [1]},
+        {
+            "timestamp": 1,
+            "session_id": "s",
+            "input_length": 100,
+            "output_length": 2,
+            "hash_ids": [2],
+        },
+        {"session_id": "s", "delay": 5, "input_length": 100, "output_length": 2, "hash_ids": [3]},
+    ]
+    assert _records_of(tmp_path, rows) == [("request_1", 0), ("s", 0), ("s", 1)]

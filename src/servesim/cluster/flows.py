@@ -33,7 +33,7 @@ def route_request(
         isl=prompt.length,
         blocks=-(-prompt.length // block_size),
         hashes=hashes,
-        session=spec.session_id,
+        session=spec.affinity_key,
     )
 
 

@@ -170,17 +170,25 @@ def read_mooncake(path: Path, *, trace_block_size: int, need_timestamps: bool) -
     sessions: dict[tuple[bool, str], list[_Row]] = {}
     for row in _read_rows(path, trace_block_size, cache):
         explicit = row.spec.session_id is not None
-        if not explicit:
-            # A row without a session is a one-turn session of its own, named as the reference names it.
-            row.spec.session_id = f"request_{row.line}"
-        assert row.spec.session_id is not None
-        sessions.setdefault((explicit, row.spec.session_id), []).append(row)
+        # A row without a session is a one-turn session of its own, named as the reference names it.
+        key = row.spec.session_id if explicit else f"request_{row.line}"
+        assert key is not None
+        row.spec.affinity_key = key
+        sessions.setdefault((explicit, key), []).append(row)
     if not sessions:
         raise TraceError(f"trace file {path} did not contain any requests")
-    return [_session(path, key, rows, need_timestamps) for (_, key), rows in sessions.items()]
+    # As the reference reports them: a trace without any session has no session ids or
+    # turn numbers (null); in a trace with sessions, a row without one is turn 0 of its own.
+    named = any(explicit for explicit, _ in sessions)
+    return [
+        _session(path, key, rows, need_timestamps, named=named)
+        for (_, key), rows in sessions.items()
+    ]
 
 
-def _session(path: Path, key: str, rows: list[_Row], need_timestamps: bool) -> Session:
+def _session(
+    path: Path, key: str, rows: list[_Row], need_timestamps: bool, *, named: bool
+) -> Session:
     first = rows[0]
     where = f"{path}:{first.line}"
     if first.delay:
@@ -193,7 +201,9 @@ def _session(path: Path, key: str, rows: list[_Row], need_timestamps: bool) -> S
         raise TraceError(f"{where}: timestamp must be non-negative, got {first.timestamp}")
     last_ts = first.timestamp
     for k, row in enumerate(rows):
-        row.spec.turn_index = k
+        if named:
+            row.spec.session_id = key
+            row.spec.turn_index = k
         if k == 0:
             continue
         if row.delay is not None:

@@ -118,6 +118,9 @@ class RequestSpec:
         output_length: output tokens requested.
         session_id: the session it belongs to, or None for a one-shot request.
         turn_index: 0-based turn within its session (None for one-shot requests).
+        affinity_key: the name session affinity keeps together: the session id, or
+            ``request_<line>`` for a trace row without one (as the reference names
+            it); None for synthetic requests.
         delay_ms: think time after the previous turn completes (later turns only).
         priority: soft priority hint for router queues.
         shared_blocks: leading full prompt blocks some other request also has
@@ -128,6 +131,7 @@ class RequestSpec:
     output_length: int
     session_id: str | None = None
     turn_index: int | None = None
+    affinity_key: str | None = None
     delay_ms: float = 0.0
     priority: int = 0
     shared_blocks: int | None = None
