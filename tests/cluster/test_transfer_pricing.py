@@ -42,21 +42,36 @@ REFERENCE = [
 ]
 
 
-def replay(tmp_path: Path, link_model: str) -> Report:
+def replay(
+    tmp_path: Path,
+    link_model: str,
+    prefill_gb_s: float = BANDWIDTH_GB_S,
+    decode_gb_s: float = BANDWIDTH_GB_S,
+) -> Report:
     trace = write_trace(tmp_path / "trace.jsonl", ROWS)
     raw: dict[str, Any] = {
         "block_size": 64,
-        "kv_transfer_bandwidth": BANDWIDTH_GB_S,
         "kv_transfer_bytes_per_token": BYTES_PER_TOKEN,
         "kv_transfer_link_model": link_model,
     }
     return run(
         RunConfig(
             trace=trace,
-            prefill_engine=parse_engine_args(raw, role="prefill"),
-            decode_engine=parse_engine_args(raw, role="decode"),
+            prefill_engine=parse_engine_args(
+                {**raw, "kv_transfer_bandwidth": prefill_gb_s}, role="prefill"
+            ),
+            decode_engine=parse_engine_args(
+                {**raw, "kv_transfer_bandwidth": decode_gb_s}, role="decode"
+            ),
         )
     )
+
+
+def activations(report: Report) -> list[float | None]:
+    return [
+        r.destination_activated_ms
+        for r in sorted(report.records, key=lambda r: (r.arrival_ms, r.uid))
+    ]
 
 
 def test_transfer_times_by_hand() -> None:
@@ -101,3 +116,26 @@ def test_shared_link_splits_the_bandwidth_between_simultaneous_transfers(tmp_pat
     assert [r.source_held_ms for r in records] == [
         pytest.approx(held, abs=1e-6) for held, *_ in REFERENCE
     ]
+
+
+# Unequal bandwidths: the reference prices a transfer at the source (prefill) bandwidth only.
+# Prefill 5 GB/s, decode 10: twice the time (26.2144 and 39.3216 ms).
+REFERENCE_SLOW_SOURCE = [74.766696, 74.766696, 579.545428]
+# Prefill 10 GB/s, decode 5: the same times as at 10 GB/s on both sides.
+REFERENCE_SLOW_DESTINATION = [61.659496, 61.659496, 559.884628]
+
+
+def test_independent_transfers_are_priced_at_the_source_bandwidth(tmp_path: Path) -> None:
+    report = replay(tmp_path, "independent", prefill_gb_s=5, decode_gb_s=10)
+    assert activations(report) == [pytest.approx(t, abs=1e-6) for t in REFERENCE_SLOW_SOURCE]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="with kv_transfer_link_model 'independent' servesim still caps a transfer at the decode "
+    "side's bandwidth (rate min(1, decode/prefill)); the reference prices it at the prefill "
+    "bandwidth alone: prefill 10 GB/s, decode 5 gives activation at 61.659496, servesim 74.766696",
+)
+def test_a_slower_destination_does_not_slow_an_independent_transfer(tmp_path: Path) -> None:
+    report = replay(tmp_path, "independent", prefill_gb_s=10, decode_gb_s=5)
+    assert activations(report) == [pytest.approx(t, abs=1e-6) for t in REFERENCE_SLOW_DESTINATION]
