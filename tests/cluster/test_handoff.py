@@ -61,6 +61,15 @@ def make_coordinator(order: HandoffOrder, latency_ms: float = 0.0) -> HandoffCoo
     return HandoffCoordinator(order, handoff_latency_ms=latency_ms)
 
 
+def phase(c: HandoffCoordinator) -> HandoffPhase:
+    """The coordinator's phase, read afresh.
+
+    (``assert c.phase is X`` would let the type checker narrow ``c.phase`` to X
+    for the rest of the test, though every call on ``c`` may change it.)
+    """
+    return c.phase
+
+
 def source_first_until_transfer(
     timing: TransferTiming = TIMING, tokens: int = 1000, latency_ms: float = 0.0
 ) -> tuple[HandoffCoordinator, list[Action]]:
@@ -77,10 +86,10 @@ def finish_transfer(c: HandoffCoordinator, transfer_id: int) -> None:
     """Schedule and complete the transfer, activate, release: Complete(SUCCESS) follows."""
     n = transfer_id
     assert c.on_outcome(n, Outcome.SCHEDULED) == []
-    assert c.phase is P.TRANSFER_PENDING
+    assert phase(c) is P.TRANSFER_PENDING
     assert c.on_fact(TransferCompleted()) == [ActivateDestination(id=n + 1)]
     assert c.on_outcome(n + 1, Outcome.APPLIED) == [ReleaseSource(id=n + 2)]
-    assert c.phase is P.READY_DECODE
+    assert phase(c) is P.READY_DECODE
     assert c.on_outcome(n + 2, Outcome.APPLIED) == [
         Complete(id=n + 3, completion=Completion.SUCCESS)
     ]
@@ -161,24 +170,24 @@ def test_transfer_timing_rejects_negative_sizes() -> None:
 def test_source_first_happy_path() -> None:
     """Prefill, reserve, transfer at 13.1072 ms, activate, release, complete; then decode."""
     c = make_coordinator(SF)
-    assert c.phase is P.QUEUED_PREFILL and not c.is_active
+    assert phase(c) is P.QUEUED_PREFILL and not c.is_active
     assert c.start() == [SubmitPrefill(id=0)]
-    assert c.is_active and c.phase is P.QUEUED_PREFILL
+    assert c.is_active and phase(c) is P.QUEUED_PREFILL
     assert c.on_outcome(0, Outcome.SUBMITTED) == []
-    assert c.phase is P.RUNNING_PREFILL
+    assert phase(c) is P.RUNNING_PREFILL
     assert c.on_fact(SourceHeld(timing=TIMING)) == [ReserveDestination(id=1)]
-    assert c.phase is P.AWAITING_DESTINATION
+    assert phase(c) is P.AWAITING_DESTINATION
     assert c.on_outcome(1, Outcome.ACCEPTED) == []
     assert c.on_fact(DestinationReserved(transferable_prompt_tokens=1000)) == [
         StartTransfer(id=2, delay_ms=13.1072)
     ]
     finish_transfer(c, 2)
     assert c.is_complete and not c.is_active and c.completion is Completion.SUCCESS
-    assert c.phase is P.READY_DECODE  # the decode side still has the request
+    assert phase(c) is P.READY_DECODE  # the decode side still has the request
     c.decode_admitted()
-    assert c.phase is P.RUNNING_DECODE
+    assert phase(c) is P.RUNNING_DECODE
     c.decode_finished()
-    assert c.phase is P.DONE
+    assert phase(c) is P.DONE
     assert c.lifecycle == NORMALIZED_LIFECYCLE[SF]
     assert c.cleanup_reason is None
 
@@ -199,19 +208,19 @@ def test_default_handoff_latency_is_zero() -> None:
 def test_destination_first_happy_path() -> None:
     """Reserve first, then prefill; the rest is the common tail."""
     c = make_coordinator(DF)
-    assert c.phase is P.AWAITING_DESTINATION
+    assert phase(c) is P.AWAITING_DESTINATION
     assert c.start() == [ReserveDestination(id=0)]
     assert c.on_outcome(0, Outcome.ACCEPTED) == []
-    assert c.phase is P.AWAITING_DESTINATION
+    assert phase(c) is P.AWAITING_DESTINATION
     assert c.on_fact(DestinationReserved(transferable_prompt_tokens=1000)) == [SubmitPrefill(id=1)]
-    assert c.phase is P.QUEUED_PREFILL
+    assert phase(c) is P.QUEUED_PREFILL
     assert c.on_outcome(1, Outcome.SUBMITTED) == []
-    assert c.phase is P.RUNNING_PREFILL
+    assert phase(c) is P.RUNNING_PREFILL
     assert c.on_fact(SourceHeld(timing=TIMING)) == [StartTransfer(id=2, delay_ms=13.1072)]
     finish_transfer(c, 2)
     c.decode_admitted()
     c.decode_finished()
-    assert c.phase is P.DONE
+    assert phase(c) is P.DONE
     assert c.lifecycle == NORMALIZED_LIFECYCLE[DF]
 
 
@@ -243,9 +252,9 @@ def test_decode_may_finish_before_the_source_is_released() -> None:
     assert c.on_outcome(3, Outcome.APPLIED) == [ReleaseSource(id=4)]
     c.decode_admitted()
     c.decode_finished()
-    assert c.phase is P.CLEANUP_PENDING and c.is_active
+    assert phase(c) is P.CLEANUP_PENDING and c.is_active
     assert c.on_outcome(4, Outcome.NOOP) == [Complete(id=5, completion=Completion.SUCCESS)]
-    assert c.phase is P.DONE
+    assert phase(c) is P.DONE
 
 
 # ------------------------------------------------------------------ cleanup paths
@@ -258,11 +267,11 @@ def test_failure_during_prefill_cancels_only_the_source() -> None:
     c.on_outcome(0, Outcome.SUBMITTED)
     assert c.on_fact(Failed(reason="prefill rejected")) == [CancelSource(id=1)]
     assert not c.is_active and not c.is_complete
-    assert c.phase is P.CLEANUP_PENDING
+    assert phase(c) is P.CLEANUP_PENDING
     assert c.cleanup_reason == "prefill rejected"
     assert c.on_outcome(1, Outcome.APPLIED) == [Complete(id=2, completion=Completion.CANCELED)]
     assert c.is_complete and c.completion is Completion.CANCELED
-    assert c.phase is P.DONE
+    assert phase(c) is P.DONE
     assert c.lifecycle == (LifecycleEvent.SOURCE_CANCELED, LifecycleEvent.CANCELED)
 
 
@@ -273,7 +282,7 @@ def test_cancel_after_both_sides_exist_cancels_both_at_once() -> None:
     assert c.on_fact(Canceled()) == [CancelSource(id=3), CancelDestination(id=4)]
     assert c.on_outcome(4, Outcome.APPLIED) == []
     assert c.on_outcome(3, Outcome.NOOP) == [Complete(id=5, completion=Completion.CANCELED)]
-    assert c.phase is P.DONE
+    assert phase(c) is P.DONE
     assert c.cleanup_reason == "canceled"
 
 
@@ -317,7 +326,7 @@ def test_decode_finished_spares_the_destination_from_cleanup() -> None:
     c.decode_finished()
     assert c.on_outcome(4, Outcome.FAILED, message="busy") == [CancelSource(id=5)]
     assert c.on_outcome(5, Outcome.APPLIED) == [Complete(id=6, completion=Completion.CANCELED)]
-    assert c.phase is P.DONE
+    assert phase(c) is P.DONE
 
 
 def finish_transfer_until_release(c: HandoffCoordinator) -> None:
@@ -348,7 +357,7 @@ def test_outcomes_of_earlier_actions_are_recorded_during_cleanup() -> None:
     c.start()
     assert c.on_fact(Canceled()) == [CancelSource(id=1)]
     assert c.on_outcome(0, Outcome.SUBMITTED) == []
-    assert c.phase is P.CLEANUP_PENDING
+    assert phase(c) is P.CLEANUP_PENDING
     assert c.on_outcome(1, Outcome.APPLIED) == [Complete(id=2, completion=Completion.CANCELED)]
     assert c.on_outcome(0, Outcome.SUBMITTED) == []  # a repeat, after Complete
 
@@ -516,7 +525,7 @@ def test_rejected_before_admission_finishes_from_ready_decode() -> None:
     c, _ = source_first_until_transfer()
     finish_transfer(c, 2)
     c.decode_finished()
-    assert c.phase is P.DONE
+    assert phase(c) is P.DONE
 
 
 def test_decode_reports_after_a_cancel_are_ignored() -> None:
@@ -526,11 +535,11 @@ def test_decode_reports_after_a_cancel_are_ignored() -> None:
     assert c.on_fact(Canceled()) == [CancelSource(id=5), CancelDestination(id=6)]
     c.decode_admitted()
     c.decode_finished()
-    assert c.phase is P.CLEANUP_PENDING
+    assert phase(c) is P.CLEANUP_PENDING
     c.on_outcome(5, Outcome.APPLIED)
     assert c.on_outcome(6, Outcome.NOOP) == [Complete(id=7, completion=Completion.CANCELED)]
     c.decode_finished()
-    assert c.phase is P.DONE
+    assert phase(c) is P.DONE
 
 
 # ------------------------------------------------------------------ invariants
@@ -766,7 +775,7 @@ def test_random_valid_runtimes_complete_exactly_once_without_leaking_kv(
     completes = [a for a in issued if isinstance(a, Complete)]
     assert len(completes) == 1 and issued[-1] is completes[0]
     assert c.is_complete and c.completion is completes[0].completion
-    assert c.phase is P.DONE
+    assert phase(c) is P.DONE
     assert not runtime.source_kv and not runtime.destination_kv and not runtime.pending
     kinds = {type(a) for a in issued}
     if SubmitPrefill in kinds:

@@ -60,9 +60,9 @@ def replay(
     sessions = build(sessions_spec)
     if fast:
         mark_shared_blocks(sessions, config.block_size)
-    workers = [Worker(i, config, fast_forward=fast) for i in range(workers)]
+    pool = [Worker(i, config, fast_forward=fast) for i in range(workers)]
     collector, _ = replay_aggregated(
-        sessions, config, workers, concurrency=concurrency, max_sim_time_ms=cap
+        sessions, config, pool, concurrency=concurrency, max_sim_time_ms=cap
     )
     return [
         (

@@ -7,6 +7,7 @@ the same trace and cluster (one worker, block size 64, trace block size 512):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -57,8 +58,8 @@ def observed(config: RunConfig) -> list[tuple[str | None, int | None, float, flo
 
 
 def assert_rows(
-    got: list[tuple[str | None, int | None, float, float, float, int]],
-    want: list[tuple[str | None, int | None, float, float, float, int]],
+    got: Sequence[tuple[str | None, int | None, float, float, float, int]],
+    want: Sequence[tuple[str | None, int | None, float, float, float, int]],
 ) -> None:
     assert [(g[0], g[1], g[5]) for g in got] == [(w[0], w[1], w[5]) for w in want]
     for g, w in zip(got, want, strict=True):
