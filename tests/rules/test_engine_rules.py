@@ -170,3 +170,54 @@ def test_in_a_trace_with_sessions_a_row_without_one_is_named_by_its_line(tmp_pat
         {"session_id": "s", "delay": 5, "input_length": 100, "output_length": 2, "hash_ids": [3]},
     ]
     assert _records_of(tmp_path, rows) == [("request_1", 0), ("s", 0), ("s", 1)]
+
+
+@pytest.mark.parametrize("exact_passes", [False, True])
+def test_decode_durations_agree_to_the_nanosecond(exact_passes: bool) -> None:
+    """One request of 1,000 in / 4,000 out on 100 blocks of 64: 3,999 decode passes.
+
+    The reference's last token is at 98,263.35833200002 ms, to the last bit.
+    Many polynomial values lie on half a nanosecond here (p = L / 6,400), so
+    this needs the reference's float operations (p by division, the square
+    first) and its rounding (``ms / 1000`` seconds to the nearest ns on the
+    float's exact value); ``round(ms * 1e6)`` with p by a reciprocal ended 23
+    ns later.
+    """
+    report = run(
+        RunConfig(
+            synthetic=SyntheticWorkload(
+                input_tokens=1000, output_tokens=4000, request_count=1, arrival_interval_ms=0.0
+            ),
+            engine=parse_engine_args({"block_size": 64, "num_gpu_blocks": 100}),
+            exact_passes=exact_passes,
+        )
+    )
+    assert report.records[0].last_token_ms == 98263.35833200002
+
+
+def test_a_mixed_pass_rounds_its_prefill_and_decode_apart() -> None:
+    """300 requests of 700 in / 60 out every 7.3 ms on two workers: most passes are mixed.
+
+    The reference rounds the prefill and the decode part of a pass to whole
+    nanoseconds separately. Rounding their sum instead left 549 of the 600
+    first and last token times up to 2 ns off; now all 600 agree to the bit.
+    """
+    report = run(
+        RunConfig(
+            synthetic=SyntheticWorkload(
+                input_tokens=700, output_tokens=60, request_count=300, arrival_interval_ms=7.3
+            ),
+            num_workers=2,
+            engine=parse_engine_args({"block_size": 64, "num_gpu_blocks": 3000}),
+        )
+    )
+    records = report.records
+    got = [(records[i].first_token_ms, records[i].last_token_ms) for i in (0, 1, 150, 299)]
+    assert got == [
+        (27.336117, 3614.576623999999),
+        (34.636117, 3621.876623999999),
+        (1382.971373, 3944.865930999999),
+        (2497.1224719999996, 4031.3410969999986),
+    ]
+    assert report.summary["duration_ms"] == 4031.3410969999986
+    assert report.summary["mean_ttft_ms"] == pytest.approx(247.89874106667, rel=1e-12)

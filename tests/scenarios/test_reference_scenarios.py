@@ -56,18 +56,8 @@ KNOWN_MISSING_KEYS: dict[str, str] = {}
 
 # Scenario -> which summary values differ (test_summary_matches_reference).
 KNOWN_SUMMARY_FAILURES: dict[str, str] = {
-    "agg_kv_queue_wspt": (
-        "only at float-rounding level, each a value every one of the reference's 30 runs "
-        "gives or its maximum: max_e2e_latency_ms 16601.898725 (reference 16601.898707, "
-        "1.1e-9 relative), min_e2e_latency_ms 33.224879 (33.224876, 9.0e-8), p99_tpot_ms "
-        "100.5078617 (max 100.5078614, 3.0e-9)"
-    ),
     "disagg_kv_mooncake_bw": (
-        "mean_tpot_ms 6.903325 outside the reference's 30-run range 6.877689..6.902237 "
-        "(1.6e-4); and four keys every reference run gives alike (one slowest decode): "
-        "max_itl_ms 12.255349 (reference 12.255304, 3.7e-6), max_ttst_ms 12.174458 "
-        "(12.174413, 3.7e-6), max_tpot_ms 12.136407 (12.136601, 1.6e-5), "
-        "min_output_token_throughput_per_user 81.597023 (81.597323, 3.7e-6)"
+        "mean_tpot_ms 6.903270 outside the reference's 30-run range 6.877689..6.902237 (1.5e-4)"
     ),
 }
 

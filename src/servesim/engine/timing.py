@@ -10,6 +10,8 @@ results (``speedup`` for both, times ``decode_speedup`` for decode).
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Protocol
 
 import numpy as np
@@ -44,12 +46,17 @@ class PolynomialTiming:
 
     prefill = 4.209989e-07 t^2 + 1.518344e-02 t + 16.50142, t = batch * (isl - prefix)
     decode  = max(-25.74 p^2 + 54.01 p + 5.74, 1.0), p = min(active KV tokens / capacity, 1)
+
+    Evaluated with the reference's float operations (``p`` by division, the
+    squares first), so that durations agree to the last bit: many durations
+    lie exactly on half a nanosecond, where a last-bit difference decides the
+    rounding (see :func:`pass_duration`).
     """
 
-    __slots__ = ("_decode_div", "_inv_total", "_prefill_div")
+    __slots__ = ("_decode_div", "_prefill_div", "_total")
 
     def __init__(self, total_kv_tokens: int, speedup: float, decode_speedup: float) -> None:
-        self._inv_total = 1.0 / total_kv_tokens if total_kv_tokens else 0.0
+        self._total = float(total_kv_tokens)
         self._prefill_div = speedup if speedup > 0 else 1.0
         self._decode_div = self._prefill_div * (decode_speedup if decode_speedup > 0 else 1.0)
 
@@ -58,7 +65,7 @@ class PolynomialTiming:
         t = batch * max(isl - prefix, 0)
         if batch == 0 or t == 0:
             return 0.0
-        ms = 4.209989e-07 * t * t + 1.518344e-02 * t + 16.50142
+        ms = 4.209989e-07 * (t * t) + 1.518344e-02 * t + 16.50142
         return max(ms, 0.0) / self._prefill_div
 
     def decode_ms(self, batch: int, active_kv_tokens: int, context: int) -> float:
@@ -66,16 +73,16 @@ class PolynomialTiming:
         if batch == 0:
             return 0.0
         # Shared blocks count once in the pool but in every request's context: clamp at full.
-        p = min(active_kv_tokens * self._inv_total, 1.0) if self._inv_total else 1.0
-        return max(-25.74 * p * p + 54.01 * p + 5.74, 1.0) / self._decode_div
+        p = min(active_kv_tokens / self._total, 1.0) if self._total else 1.0
+        return max(-25.74 * (p * p) + 54.01 * p + 5.74, 1.0) / self._decode_div
 
     def decode_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
         """See :class:`TimingModel`; the same operations as :meth:`decode_ms`, element-wise."""
-        totals = np.arange(passes, dtype=np.float64) * batch + first_total
-        if not self._inv_total:
+        if not self._total:
             return np.full(passes, max(-25.74 + 54.01 + 5.74, 1.0) / self._decode_div)
-        p = np.minimum(totals * self._inv_total, 1.0)
-        return np.maximum(-25.74 * p * p + 54.01 * p + 5.74, 1.0) / self._decode_div
+        totals = np.arange(passes, dtype=np.float64) * batch + first_total
+        p = np.minimum(totals / self._total, 1.0)
+        return np.maximum(-25.74 * (p * p) + 54.01 * p + 5.74, 1.0) / self._decode_div
 
 
 class InterpolatedTiming:
@@ -150,22 +157,37 @@ def _interp1(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
 
 
 def pass_duration(ms: float) -> float:
-    """A pass's duration as the reference's clock advances it: rounded to whole nanoseconds.
+    """A pass's duration as the reference's clock advances it: whole nanoseconds.
 
-    The reference converts each modelled duration to a nanosecond ``Duration``
-    (rounding half up) and back to float ms; matching that keeps pass ends,
+    The reference turns each modelled duration into a ``Duration`` from
+    ``ms / 1000`` seconds, rounded to the nearest nanosecond on that float's
+    exact value, and reads it back as float seconds x 1000. The float product
+    ``s * 1e9`` settles the rounding except within a hair of a half
+    nanosecond, where the exact value decides. Matching this keeps pass ends,
     and so same-instant ties with arrivals, identical to the last bit.
     """
-    ns = int(ms * 1e6 + 0.5)
-    seconds, sub_ns = divmod(ns, 1_000_000_000)
-    return (seconds + sub_ns / 1e9) * 1000.0
+    seconds = ms / 1000.0
+    scaled = seconds * 1e9
+    ns = math.floor(scaled + 0.5)
+    if abs(scaled - math.floor(scaled) - 0.5) < _NEAR_HALF:
+        ns = round(Fraction(seconds) * 1_000_000_000)
+    whole, sub_ns = divmod(ns, 1_000_000_000)
+    return (whole + sub_ns / 1e9) * 1000.0
 
 
 def pass_durations(ms: np.ndarray) -> np.ndarray:
     """:func:`pass_duration` element-wise, with the same float operations."""
-    ns = np.floor(ms * 1e6 + 0.5).astype(np.int64)
-    seconds, sub_ns = np.divmod(ns, 1_000_000_000)
-    return (seconds.astype(np.float64) + sub_ns / 1e9) * 1000.0
+    seconds = ms / 1000.0
+    scaled = seconds * 1e9
+    ns = np.floor(scaled + 0.5).astype(np.int64)
+    for i in np.flatnonzero(np.abs(scaled - np.floor(scaled) - 0.5) < _NEAR_HALF):
+        ns[i] = round(Fraction(float(seconds[i])) * 1_000_000_000)
+    whole, sub_ns = np.divmod(ns, 1_000_000_000)
+    return (whole.astype(np.float64) + sub_ns / 1e9) * 1000.0
+
+
+_NEAR_HALF = 1e-3
+"""How close (ns) to a half nanosecond the float product must be for the exact value to decide."""
 
 
 def make_timing(config: EngineConfig) -> TimingModel:

@@ -13,8 +13,9 @@ One pass (:meth:`VllmScheduler.execute_pass`) is decided at its start:
    cached prefix, fit the non-active capacity; its resident cached prefix is
    reused, except the last block of a fully cached prompt (recompute rule).
 3. Time: prefill of the batch's prompt chunks plus one decode step over the
-   requests that were already decoding; every token of the pass is stamped at
-   ``now + prefill + decode``.
+   requests that were already decoding (or, re-admitted after a preemption,
+   already had output); every token of the pass is stamped at
+   ``now + prefill + decode``, each part rounded to whole nanoseconds.
 4. Emission: every request whose sequence is fully computed emits one token;
    those reaching their output length finish and release their blocks.
 """
@@ -525,7 +526,8 @@ class VllmScheduler:
         decode = 0.0
         if decoding and not self._prefill_role:
             decode = self.timing.decode_ms(decoding, context, context // decoding)
-        end = now + pass_duration(prefill + decode)
+        # The reference rounds each part to whole nanoseconds: decode starts at the prefill's end.
+        end = now + pass_duration(prefill) + pass_duration(decode)
         result = self._result
         for request in ready:
             if request.generated < request.max_output:
