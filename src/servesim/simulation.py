@@ -31,13 +31,18 @@ from servesim.workload.synthetic import synthetic_sessions
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SyntheticWorkload:
-    """Fixed-length requests with unique prompts."""
+    """Fixed-length requests with unique prompts.
+
+    ``arrival_seed`` seeds the Poisson arrivals (``request_rate``); without
+    it, the run's seed does.
+    """
 
     input_tokens: int
     output_tokens: int
     request_count: int
     arrival_interval_ms: float | None = None
     request_rate: float | None = None
+    arrival_seed: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,7 +109,7 @@ def _sessions(config: RunConfig) -> list[Session]:
         request_count=syn.request_count,
         arrival_interval_ms=syn.arrival_interval_ms,
         request_rate=syn.request_rate,
-        seed=config.seed,
+        seed=config.seed if syn.arrival_seed is None else syn.arrival_seed,
     )
 
 
@@ -169,11 +174,6 @@ def _validate(config: RunConfig) -> None:
         raise ConfigError(
             f"prefill and decode pools must use the same block_size, got {prefill.block_size} and {decode.block_size}"
         )
-    for name, engine in (("prefill", prefill), ("decode", decode)):
-        if engine.dp_size != 1:
-            raise ConfigError(
-                f"disaggregated replay supports dp_size 1 only; the {name} engine has {engine.dp_size}"
-            )
 
 
 CostOf = Callable[[dict[Stage, float]], Cost]
@@ -237,6 +237,7 @@ def _flow(
     policies: dict[str, PlacementPolicy] = {}
     if kv:
         rng = random.Random(config.seed)
+        # Each router's targets are its pool's (worker, rank) pairs, worker-major.
         # The prefill router sees KV events and prefill load; the decode router balances decode load only.
         prefill_router = replace(config.router, router_track_active_blocks=False)
         decode_router = replace(
@@ -249,26 +250,32 @@ def _flow(
             "prefill_policy": KvPolicy(
                 KvRouter(
                     prefill_router,
-                    config.num_prefill_workers,
+                    config.num_prefill_workers * prefill.dp_size,
                     prefill.block_size,
                     rng,
                     indexer=indexer,
                 ),
-                1,
+                prefill.dp_size,
                 prefill_router,
                 prefill.max_num_batched_tokens,
-                affinity=SessionAffinity(config.session_affinity, config.num_prefill_workers),
+                affinity=SessionAffinity(
+                    config.session_affinity, config.num_prefill_workers * prefill.dp_size
+                ),
             ),
             "decode_policy": KvPolicy(
                 KvRouter(
-                    decode_router, config.num_decode_workers, decode.block_size, rng, indexer=None
+                    decode_router,
+                    config.num_decode_workers * decode.dp_size,
+                    decode.block_size,
+                    rng,
+                    indexer=None,
                 ),
-                1,
+                decode.dp_size,
                 decode_router,
                 decode.max_num_batched_tokens,
             ),
         }
-    observer = KvObserver(indexer, 1) if indexer is not None else None
+    observer = KvObserver(indexer, prefill.dp_size) if indexer is not None else None
     flow = DisaggregatedFlow(
         prefill_pool, decode_pool, prefill, decode, ledger, observer=observer, **policies
     )

@@ -1,7 +1,11 @@
 """Disaggregated replay over random workloads (Hypothesis).
 
-Every handoff ends exactly once and retires; no KV block stays held on
-either side afterwards; fast-forward changes no record.
+Every handoff ends exactly once and retires; no KV block, reservation or
+queued destination stays behind on either side; round robin places prefills
+worker-major over the DP ranks; fast-forward changes no record. The pools
+vary in DP ranks, decode ``max_num_seqs`` (reservations wait for a running
+slot), KV sizes (preemption on decode) and transfer timing (fixed or priced,
+full prompt or only the blocks the destination lacks).
 """
 
 from __future__ import annotations
@@ -42,21 +46,25 @@ def sessions_of(reqs: list[tuple[list[int], int, float]]) -> list[Session]:
 
 
 configs = st.builds(
-    lambda blocks, budget, bandwidth, link: (
+    lambda blocks, budget, bandwidth, link, mode, prefill_dp, decode_dp, seqs: (
         EngineConfig(
             block_size=4,
             num_gpu_blocks=blocks,
             max_num_batched_tokens=budget,
             worker_type="prefill",
+            dp_size=prefill_dp,
             kv_transfer_bandwidth=bandwidth,
             kv_transfer_bytes_per_token=None if bandwidth is None else 1e6,
             kv_transfer_link_model=link,
+            kv_transfer_timing_mode=mode,
         ),
         EngineConfig(
             block_size=4,
             num_gpu_blocks=blocks,
             max_num_batched_tokens=budget,
+            max_num_seqs=seqs,
             worker_type="decode",
+            dp_size=decode_dp,
             kv_transfer_bandwidth=bandwidth,
         ),
     ),
@@ -64,10 +72,14 @@ configs = st.builds(
     st.integers(8, 64),
     st.one_of(st.none(), st.floats(0.5, 20)),
     st.sampled_from(["shared", "independent"]),
+    st.sampled_from(["full_prompt", "destination_missing"]),
+    st.integers(1, 2),
+    st.integers(1, 2),
+    st.one_of(st.none(), st.integers(1, 4)),
 )
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     reqs=requests,
     engines=configs,
@@ -80,7 +92,7 @@ def test_every_handoff_ends_once_and_frees_its_kv(
     prefill_workers: int,
     decode_workers: int,
 ) -> None:
-    """Each request ends once, completed with all its tokens; no handoff or KV block outlives the run."""
+    """Each request ends once, completed with all its tokens; no handoff, KV block or reservation outlives the run."""
     sessions = sessions_of(reqs)
     mark_shared_blocks(sessions, 4)
     prefill, decode = engines
@@ -88,27 +100,49 @@ def test_every_handoff_ends_once_and_frees_its_kv(
         sessions, prefill, decode, prefill_workers=prefill_workers, decode_workers=decode_workers
     )
     assert len(collector.records) == len(reqs)
+    targets = prefill_workers * prefill.dp_size
     for record in collector.records:
         assert record.terminal is Terminal.COMPLETED
         assert record.num_tokens == record.requested_output
         assert record.source_held_ms is not None and record.source_released_ms is not None
-        assert record.source_held_ms <= record.source_released_ms
+        assert record.destination_reserved_ms is not None
+        assert record.destination_activated_ms is not None and record.decode_admit_ms is not None
+        assert (
+            record.source_held_ms
+            <= record.destination_reserved_ms
+            <= record.destination_activated_ms
+            <= record.source_released_ms
+        )
+        assert record.destination_activated_ms <= record.decode_admit_ms
+        # As the reference reports, whatever the reservation reused.
+        assert record.decode_reused == 0
+        # Round robin walks the prefill ranks worker-major, in arrival order.
+        assert record.prefill_worker == (record.uid % targets) // prefill.dp_size
+        assert record.dp_rank is not None and 0 <= record.dp_rank < decode.dp_size
     assert not flow._handoffs, "a handoff never retired"
     for pool in flow.pools:
         for worker in pool.workers:
             for rank in worker.ranks:
                 assert rank.pool.num_active == 0 and not rank.held and not rank.pending_reservations
+                assert not rank.waiting and not rank.running
+                assert not rank._destination_order and rank._destinations_in_transfer == 0
                 rank.pool.check([])  # no table holds a block: every block is free or evictable
 
 
-@settings(max_examples=30, deadline=None)
-@given(reqs=requests, engines=configs, decode_workers=st.integers(1, 3))
+@settings(max_examples=40, deadline=None)
+@given(
+    reqs=requests,
+    engines=configs,
+    prefill_workers=st.integers(1, 2),
+    decode_workers=st.integers(1, 3),
+)
 def test_fast_forward_changes_no_disaggregated_record(
     reqs: list[tuple[list[int], int, float]],
     engines: tuple[EngineConfig, EngineConfig],
+    prefill_workers: int,
     decode_workers: int,
 ) -> None:
-    """Every handoff timestamp and token time agrees with pass-by-pass stepping."""
+    """Every handoff timestamp, placement and token time agrees with pass-by-pass stepping."""
     prefill, decode = engines
     runs = []
     for fast in (True, False):
@@ -119,7 +153,7 @@ def test_fast_forward_changes_no_disaggregated_record(
             sessions,
             prefill,
             decode,
-            prefill_workers=1,
+            prefill_workers=prefill_workers,
             decode_workers=decode_workers,
             fast_forward=fast,
         )
@@ -127,6 +161,7 @@ def test_fast_forward_changes_no_disaggregated_record(
             [
                 (
                     r.first_token_ms,
+                    r.second_token_ms,
                     r.last_token_ms,
                     r.num_tokens,
                     r.source_held_ms,
@@ -134,7 +169,10 @@ def test_fast_forward_changes_no_disaggregated_record(
                     r.destination_activated_ms,
                     r.decode_admit_ms,
                     r.source_released_ms,
+                    r.prefill_worker,
                     r.worker,
+                    r.dp_rank,
+                    r.reused,
                     r.terminal_ms,
                 )
                 for r in collector.records

@@ -7,9 +7,12 @@ and feeds back their outcomes and the facts the engines report::
     arrival ─► SubmitPrefill: the prefill placement policy (round robin or KV
                router) picks a worker; a one-token (hidden) request prefills the prompt
     prefill pass end ─► SourceHeld: the prefill rank keeps the prompt's KV
-    ReserveDestination: the decode policy picks a worker; waits for the decode
-               rank's pass in flight; the rank reserves the prompt's blocks
-               (a prompt the decode rank can never hold is rejected)
+    ReserveDestination: the decode policy picks a worker and rank; the rank
+               queues the reservation (a prompt it can never hold is rejected)
+               and grants its queue head, one per try: at once if its worker
+               is idle, else at the end of the pass in flight (then at each
+               later pass end and command, see VllmScheduler.retry_reservation);
+               a resident cached prefix is reused, the rest is transferable
     StartTransfer: the KV moves (fixed delay, or over shared links)
     ActivateDestination: waits for the decode rank's pass in flight to end;
                the request then joins the decode rank's queue, prebuilt
@@ -18,6 +21,11 @@ and feeds back their outcomes and the facts the engines report::
 
 A command that must not disturb a pass in flight is deferred to that worker's
 pass end and then runs before the pass's outputs are handled.
+
+Both pools place requests by round robin over their (worker, DP rank) pairs,
+worker-major (worker 0 rank 0, worker 0 rank 1, ..., worker 1 rank 0, ...),
+as the reference's pool round robin does, or by the KV router over the same
+targets.
 """
 
 from __future__ import annotations
@@ -58,8 +66,29 @@ from servesim.engine.vllm import VllmScheduler
 from servesim.engine.worker import PassOutputs, Worker
 from servesim.metrics.collector import RequestRecord, Terminal
 from servesim.router.kv_router import RouteRequest
-from servesim.router.routing import PlacementPolicy, RoundRobinPolicy, Routed
+from servesim.router.round_robin import PoolRoundRobinRouter
+from servesim.router.routing import PlacementPolicy, Routed
 from servesim.workload.admission import Released
+
+
+class PoolRoundRobinPolicy:
+    """Round robin over a pool's (worker, rank) pairs, worker-major; never queues."""
+
+    def __init__(self, dp_sizes: list[int]) -> None:
+        self._rr = PoolRoundRobinRouter(dp_sizes)
+
+    def place(self, request: RouteRequest, now: float, *, priority: int = 0) -> list[Routed]:
+        """See :class:`~servesim.router.routing.PlacementPolicy`."""
+        worker, rank = self._rr.place()
+        return [Routed(uid=request.uid, worker=worker, rank=rank, at_ms=now)]
+
+    def prefill_completed(self, uid: int, now: float) -> list[Routed]:
+        """See :class:`~servesim.router.routing.PlacementPolicy`: nothing to release."""
+        return []
+
+    def request_ended(self, uid: int, now: float) -> list[Routed]:
+        """See :class:`~servesim.router.routing.PlacementPolicy`: nothing to release."""
+        return []
 
 
 @dataclass(slots=True)
@@ -81,9 +110,9 @@ class _Handoff:
 class DisaggregatedFlow:
     """Prefill pool, decode pool, their placement policies and the KV transfers between them.
 
-    Round robin on both pools by default; with a KV router, the prefill policy
-    sees the prefill workers' KV events and prefill load, and the decode
-    policy balances decode load only.
+    Round robin on both pools by default (:class:`PoolRoundRobinPolicy`);
+    with a KV router, the prefill policy sees the prefill ranks' KV events
+    and prefill load, and the decode policy balances decode load only.
     """
 
     def __init__(
@@ -100,8 +129,12 @@ class DisaggregatedFlow:
     ) -> None:
         self.pools = [prefill, decode]
         self._prefill, self._decode = prefill, decode
-        self._prefill_policy = prefill_policy or RoundRobinPolicy([1] * len(prefill.workers))
-        self._decode_policy = decode_policy or RoundRobinPolicy([1] * len(decode.workers))
+        self._prefill_policy = prefill_policy or PoolRoundRobinPolicy(
+            [prefill_config.dp_size] * len(prefill.workers)
+        )
+        self._decode_policy = decode_policy or PoolRoundRobinPolicy(
+            [decode_config.dp_size] * len(decode.workers)
+        )
         self._observer = observer  # of the prefill pool; decode workers publish no KV events
         self._block_size = prefill_config.block_size
         self._ledger = ledger
@@ -202,12 +235,13 @@ class DisaggregatedFlow:
             self._decode_finished(request.uid, now, Terminal.COMPLETED)
         for request in outputs.rejected:
             self._decode_finished(request.uid, now, Terminal.REJECTED)
+        # Each rank of the worker (idle ones too) tries its reservation queue once per pass end.
         for rank in worker.ranks:
-            for request, reused, transferable in rank.retry_reservations():
-                self._reserved(request.uid, reused, transferable, now)
+            self._grant(rank.retry_reservation(), now)
 
     def _decode_finished(self, uid: int, now: float, terminal: Terminal) -> None:
         handoff = self._handoffs[uid]
+        self._decode_rank(handoff).destination_finished(uid)
         handoff.coordinator.decode_finished()
         self._decode_policy.request_ended(uid, now)
         self._end(uid, now, terminal)
@@ -292,30 +326,41 @@ class DisaggregatedFlow:
             worker, rank = routed.worker, routed.rank
             handoff.decode_at = (worker, rank)
             self._ledger.collector.on_route(handoff.record, worker, rank)
-            # The reference's destinations reuse no cached prefix: reserve every prompt block fresh.
-            handoff.decode_request = EngineRequest(
-                uid, spec.prompt, spec.output_length, shared_blocks=0
+            # The destination may reuse a prompt prefix resident on its rank: it
+            # matches the prompt's shareable blocks, hashed as on the prefill side.
+            request = EngineRequest(
+                uid, spec.prompt, spec.output_length, shared_blocks=spec.shared_blocks
             )
-        worker = handoff.decode_at[0]
-        if self._decode.settle_worker(worker, now):
-            self._deferred.setdefault((Stage.DECODE, worker), []).append((uid, action))
-            return
+            if handoff.prefill_request is not None:
+                request.hashes = handoff.prefill_request.hashes.copy()
+            handoff.decode_request = request
         assert handoff.decode_request is not None
         destination = self._decode_rank(handoff)
         if destination.never_fits(handoff.decode_request):
             self._end(uid, now, Terminal.REJECTED)
             self._outcome(uid, action, Outcome.FAILED)
             return
-        reservation = destination.reserve_destination(handoff.decode_request)
+        # The reference queues the reservation at once; it tries the queue then only if
+        # the worker is idle, else at the end of the pass in flight.
+        if self._decode.settle_worker(handoff.decode_at[0], now):
+            destination.enqueue_destination(handoff.decode_request)
+            self._outcome(uid, action, Outcome.ACCEPTED)
+            return
+        granted = destination.reserve_destination(handoff.decode_request)
         self._outcome(uid, action, Outcome.ACCEPTED)
-        if reservation is not None:
-            self._reserved(uid, *reservation, now)
+        self._grant(granted, now)
 
-    def _reserved(self, uid: int, reused: int, transferable: int, now: float) -> None:
-        record = self._handoffs[uid].record
+    def _grant(self, granted: tuple[EngineRequest, int, int] | None, now: float) -> None:
+        """A decode rank reserved a destination: the request's transfer can start."""
+        if granted is None:
+            return
+        request, _reused, transferable = granted
+        record = self._handoffs[request.uid].record
         record.destination_reserved_ms = now
-        record.decode_reused = reused
-        self._fact(uid, DestinationReserved(transferable_prompt_tokens=transferable))
+        # The reference reports no reused tokens for a destination, even when a resident
+        # prefix saves part of the transfer (destination_missing moves only the rest).
+        record.decode_reused = 0
+        self._fact(request.uid, DestinationReserved(transferable_prompt_tokens=transferable))
 
     def _start_transfer(self, handoff: _Handoff, delay: float, now: float) -> None:
         uid = handoff.record.uid
@@ -335,10 +380,12 @@ class DisaggregatedFlow:
                 (handoff.record.uid, action)
             )
             return
-        self._decode_rank(handoff).activate_destination(handoff.decode_request)
+        destination = self._decode_rank(handoff)
+        destination.activate_destination(handoff.decode_request)
         self._decode.wake(worker)
         handoff.record.destination_activated_ms = now
         self._outcome(handoff.record.uid, action, Outcome.APPLIED)
+        self._grant(destination.retry_reservation(), now)
 
     def _release_source(
         self, handoff: _Handoff, action: ReleaseSource | CancelSource, now: float
@@ -359,11 +406,20 @@ class DisaggregatedFlow:
         self._outcome(handoff.record.uid, action, Outcome.APPLIED if released else Outcome.NOOP)
 
     def _cancel_destination(self, handoff: _Handoff, action: CancelDestination, now: float) -> None:
-        cancelled = False
-        if handoff.decode_at is not None and handoff.decode_request is not None:
-            self._decode.settle_worker(handoff.decode_at[0], now)
-            cancelled = self._decode_rank(handoff).cancel_destination(handoff.decode_request)
+        if handoff.decode_at is None or handoff.decode_request is None:
+            self._outcome(handoff.record.uid, action, Outcome.NOOP)
+            return
+        worker = handoff.decode_at[0]
+        if self._decode.settle_worker(worker, now):
+            self._deferred.setdefault((Stage.DECODE, worker), []).append(
+                (handoff.record.uid, action)
+            )
+            return
+        destination = self._decode_rank(handoff)
+        cancelled = destination.cancel_destination(handoff.decode_request)
         self._outcome(handoff.record.uid, action, Outcome.APPLIED if cancelled else Outcome.NOOP)
+        if cancelled:
+            self._grant(destination.retry_reservation(), now)
 
     # ----- bookkeeping -----
 

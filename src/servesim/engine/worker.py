@@ -178,7 +178,13 @@ class Worker:
             end = self._start_window(now)
             if end is not None:
                 return end, []
-        results = [rank.execute_pass(now) for rank in self.ranks if rank.has_work()]
+        results = []
+        for rank in self.ranks:
+            if rank.has_work():
+                result = rank.execute_pass(now)
+                if result.finished or result.preempted:
+                    rank.capacity_changed()  # a slot or blocks freed: its reservations are due
+                results.append(result)
         if not any(r.progressed for r in results):
             self.stalled = True
             return None
@@ -230,7 +236,10 @@ class Worker:
         times = window.ends[:passes]
         for rank, plan in window.plans:
             out.streams.append((plan.requests, times))
-            out.finished += rank.commit_decode(plan, passes)
+            finished = rank.commit_decode(plan, passes)
+            if finished:
+                rank.capacity_changed()
+                out.finished += finished
         end = float(times[-1])
         if end == self.busy_until:
             return None
@@ -238,6 +247,11 @@ class Worker:
         return end
 
     def _start_window(self, now: float) -> float | None:
+        # A rank whose reservation queue head is due tries it at the next pass end
+        # and may reserve: that pass must be stepped alone. (A head already tried
+        # waits for a request to finish, which ends a window anyway.)
+        if any(rank.reservation_due() for rank in self.ranks):
+            return None
         working = [rank for rank in self.ranks if rank.has_work()]
         plans = []
         for rank in working:
