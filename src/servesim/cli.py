@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--request-rate", type=_positive, help="synthetic Poisson arrivals, requests per second"
     )
     w.add_argument("--seed", type=_seed, default=42, help="seed of every random choice (42)")
+    w.add_argument(
+        "--arrival-seed",
+        type=_seed,
+        help="seed of the synthetic Poisson arrivals alone (default: --seed)",
+    )
     c = p.add_argument_group("cluster")
     c.add_argument("--num-workers", type=_positive_int, help="aggregated workers (1)")
     c.add_argument(
@@ -194,6 +199,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             request_count=args.request_count,
             arrival_interval_ms=args.arrival_interval_ms,
             request_rate=args.request_rate,
+            arrival_seed=args.arrival_seed,
         )
     engines = _engines(args, parser)
     return RunConfig(

@@ -173,6 +173,10 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
         ]  # fmt: skip
         if syn.get("arrival_interval_ms") is not None:
             argv += ["--arrival-interval-ms", str(syn["arrival_interval_ms"])]
+        if syn.get("request_rate") is not None:
+            argv += ["--request-rate", str(syn["request_rate"])]
+        if syn.get("arrival_seed") is not None:
+            argv += ["--arrival-seed", str(syn["arrival_seed"])]
     if spec.get("replay_concurrency") is not None:
         argv += ["--replay-concurrency", str(spec["replay_concurrency"])]
     argv += ["--router-mode", spec.get("router_mode", "round_robin")]

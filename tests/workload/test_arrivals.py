@@ -1,11 +1,10 @@
 """Synthetic arrivals: seeded Poisson (``--request-rate`` with ``--seed``) and fixed intervals.
 
-The reference (Dynamo 1.6.1) draws Poisson gaps from its own seeded Rust
-generator; its arrivals at 10 req/s for six requests are below. servesim draws
-them from numpy's seeded generator, so the streams differ (an xfail records
-the reference's numbers); what must hold either way is tested exactly: the
-first request at 0, one stream per seed, the seed 42 default, and gaps whose
-mean is 1000 / rate ms.
+The reference (Dynamo 1.6.1) draws Poisson gaps from Rust's seeded
+``StdRng`` (ChaCha12); servesim draws the same stream, so its arrivals are
+the reference's to the last bit. Its arrivals at 10 req/s for six requests
+are below; also tested: the first request at 0, one stream per seed, the seed
+42 default, and gaps whose mean is 1000 / rate ms.
 """
 
 from __future__ import annotations
@@ -66,15 +65,10 @@ def poisson_starts(rate: float, count: int, seed: int) -> list[float]:
     return [start for start in starts if start is not None]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="servesim draws Poisson gaps from numpy's generator, not the reference's Rust stream "
-    "(seed 42 gives 0, 240.42, 474.04, ... instead of 0, 74.77, 153.02, ...)",
-)
 @pytest.mark.parametrize("seed", sorted(REFERENCE_ARRIVALS))
 def test_poisson_arrivals_are_the_references(seed: int) -> None:
     expected = REFERENCE_ARRIVALS[seed]
-    assert arrivals(rate=10.0, count=6, seed=seed) == pytest.approx(expected, abs=1e-6)
+    assert arrivals(rate=10.0, count=6, seed=seed) == expected
 
 
 def test_without_a_seed_the_arrivals_are_those_of_seed_42() -> None:
@@ -122,3 +116,14 @@ def test_fixed_interval_arrivals_are_exact_multiples() -> None:
         input_tokens=16, output_tokens=1, request_count=5, arrival_interval_ms=12.5
     )
     assert [s.start_ms for s in sessions] == [0.0, 12.5, 25.0, 37.5, 50.0]
+
+
+def test_arrival_seed_seeds_the_arrivals_alone(tmp_path: Path) -> None:
+    """``--arrival-seed`` (the reference's ``arrival_seed``) overrides ``--seed`` for arrivals only."""
+    jsonl = tmp_path / "requests.jsonl"
+    argv = ["replay", "--input-tokens", "16", "--output-tokens", "1", "--request-count", "6"]
+    argv += ["--request-rate", "10", "--seed", "42", "--arrival-seed", "7", "--quiet"]
+    argv += ["--report-json", str(tmp_path / "r.json"), "--per-request-jsonl", str(jsonl)]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert [row["arrival_time_ms"] for row in rows] == REFERENCE_ARRIVALS[7]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-
-import numpy as np
+import sys
 
 from servesim.errors import ConfigError
 from servesim.workload.request import RequestSpec, Session, SyntheticPrompt
+from servesim.workload.rng import uniform_floats
 
 
 def synthetic_sessions(
@@ -22,9 +22,10 @@ def synthetic_sessions(
     """One-turn sessions whose prompts share no block with each other.
 
     Arrivals: request 0 at 0, then every ``arrival_interval_ms`` (0 = burst),
-    or exponential gaps of mean ``1000 / request_rate`` ms from a generator
-    seeded with ``seed``; with neither, all arrive at 0 (closed loop ignores
-    them).
+    or exponential gaps of mean ``1000 / request_rate`` ms drawn as the
+    reference draws them (``-mean x ln(1 - u)``, u from its generator seeded
+    with ``seed``: the same arrival times); with neither, all arrive at 0
+    (closed loop ignores them).
     """
     for name, value in (
         ("input tokens", input_tokens),
@@ -44,8 +45,10 @@ def synthetic_sessions(
     elif request_rate is not None:
         if not (math.isfinite(request_rate) and request_rate > 0):
             raise ConfigError(f"request rate must be a finite positive number, got {request_rate}")
-        gaps = np.random.default_rng(seed).exponential(1000.0 / request_rate, request_count - 1)
-        starts = [0.0, *np.cumsum(gaps).tolist()]
+        mean_gap = 1000.0 / request_rate
+        starts = [0.0]
+        for u in uniform_floats(seed, request_count - 1).tolist():
+            starts.append(starts[-1] - mean_gap * math.log(max(1.0 - u, sys.float_info.min)))
     else:
         starts = [0.0] * request_count
     return [

@@ -1,0 +1,76 @@
+"""The reference's seeded generator, so that seeded streams (Poisson arrivals) are its streams.
+
+Rust's ``StdRng::seed_from_u64`` (the ``rand`` crate): the 64-bit seed is
+expanded into a 32-byte key by a PCG32 generator, and the stream is the
+ChaCha12 keystream under that key (nonce 0, block counter from 0). A u64 is
+two consecutive 32-bit words, low first; a float in [0, 1) is its top 53 bits
+times 2^-53. Blocks are computed many at a time with numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_MASK64 = (1 << 64) - 1
+_CONSTANTS = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)
+# (a, b, c, d) word indices of ChaCha's column and diagonal quarter rounds.
+_QUARTER_ROUNDS = (
+    (0, 4, 8, 12),
+    (1, 5, 9, 13),
+    (2, 6, 10, 14),
+    (3, 7, 11, 15),
+    (0, 5, 10, 15),
+    (1, 6, 11, 12),
+    (2, 7, 8, 13),
+    (3, 4, 9, 14),
+)
+
+
+def _pcg32_key(seed: int) -> list[int]:
+    """The eight key words ``seed_from_u64`` derives from ``seed``."""
+    state = seed & _MASK64
+    words = []
+    for _ in range(8):
+        state = (state * 6364136223846793005 + 11634580027462260723) & _MASK64
+        xorshifted = (((state >> 18) ^ state) >> 27) & 0xFFFFFFFF
+        rot = state >> 59
+        words.append(((xorshifted >> rot) | (xorshifted << ((32 - rot) & 31))) & 0xFFFFFFFF)
+    return words
+
+
+def _rotl(x: np.ndarray, n: int) -> np.ndarray:
+    return (x << np.uint32(n)) | (x >> np.uint32(32 - n))
+
+
+def _chacha12_blocks(key: list[int], first: int, count: int) -> np.ndarray:
+    """Keystream blocks ``first .. first + count - 1``, as a (count, 16) array of words."""
+    counters = np.arange(first, first + count, dtype=np.uint64)
+    state = [np.full(count, w, dtype=np.uint32) for w in (*_CONSTANTS, *key)]
+    state += [
+        (counters & np.uint64(0xFFFFFFFF)).astype(np.uint32),
+        (counters >> np.uint64(32)).astype(np.uint32),
+        np.zeros(count, dtype=np.uint32),
+        np.zeros(count, dtype=np.uint32),
+    ]
+    w = [x.copy() for x in state]
+    for _ in range(6):  # 12 rounds: six double rounds
+        for a, b, c, d in _QUARTER_ROUNDS:
+            w[a] += w[b]
+            w[d] = _rotl(w[d] ^ w[a], 16)
+            w[c] += w[d]
+            w[b] = _rotl(w[b] ^ w[c], 12)
+            w[a] += w[b]
+            w[d] = _rotl(w[d] ^ w[a], 8)
+            w[c] += w[d]
+            w[b] = _rotl(w[b] ^ w[c], 7)
+    return np.stack([w[i] + state[i] for i in range(16)], axis=1)
+
+
+def uniform_floats(seed: int, count: int) -> np.ndarray:
+    """The first ``count`` floats in [0, 1) that Rust's ``StdRng::seed_from_u64(seed)`` draws."""
+    if count <= 0:
+        return np.zeros(0, dtype=np.float64)
+    blocks = -(-count // 8)  # eight u64 a block
+    words = _chacha12_blocks(_pcg32_key(seed), 0, blocks).reshape(-1).astype(np.uint64)
+    u64 = words[0::2] | (words[1::2] << np.uint64(32))
+    return (u64[:count] >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
