@@ -379,21 +379,6 @@ def test_zero_or_negative_bandwidth(
     )
 
 
-def test_dp_size_disaggregated_replay_does_not_support(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Disaggregated replay runs one DP rank per worker; more is refused."""
-    _fails(
-        tmp_path,
-        capsys,
-        *SYNTHETIC,
-        *DISAGG,
-        "--decode-engine-args",
-        '{"dp_size": 2}',
-        expect=["dp_size", "decode"],
-    )
-
-
 # --- router config --------------------------------------------------------------------------
 
 KV = [*SYNTHETIC, "--num-workers", "2", "--router-mode", "kv_router"]

@@ -104,9 +104,17 @@ class VllmScheduler:
         self.committed_prefill_tokens = 0
         # Prefill role: finished requests whose KV is held for the transfer (source side).
         self.held: dict[int, EngineRequest] = {}
-        # Decode role: destination reservations waiting for room, and how many are reserved.
+        # Decode role: destination reservations waiting for room (FIFO); the capacity
+        # generation, bumped whenever a running slot or blocks may have been freed; and the
+        # generation at which the queue head was last tried (see retry_reservation).
         self.pending_reservations: deque[EngineRequest] = deque()
-        self._reserved = 0
+        self._capacity_generation = 0
+        self._head_tried_at: int | None = None
+        # The order in which destinations were queued here (the reference's waiting order):
+        # an activated request joins ``waiting`` in this order, not in activation order.
+        self._destination_order: dict[int, int] = {}
+        self._destinations_queued = 0
+        self._destinations_in_transfer = 0  # reserved, not yet activated
         self._prefill_role = config.worker_type == "prefill"
         self._max_seqs = config.max_num_seqs or _UNBOUNDED
         self._max_tokens = config.max_num_batched_tokens or _UNBOUNDED
@@ -137,6 +145,7 @@ class VllmScheduler:
         if request is None:
             return False
         self.pool.release(request.blocks, request.named_blocks)
+        self.capacity_changed()
         return True
 
     def never_fits(self, request: EngineRequest) -> bool:
@@ -160,55 +169,114 @@ class VllmScheduler:
             and request.prompt_len > budget
         )
 
-    def reserve_destination(self, request: EngineRequest) -> tuple[int, int] | None:
-        """Reserve the blocks of a request's prompt on this decode rank.
+    def enqueue_destination(self, request: EngineRequest) -> None:
+        """Queue a destination reservation without trying it (its worker has a pass in flight).
 
-        A resident cached prefix is reused; the rest are fresh blocks the
-        transfer fills. Queues the request (None) while the rank has no room:
-        a running slot under ``max_num_seqs`` and blocks for the whole prompt.
+        The rank tries the queue head at the end of that pass
+        (:meth:`retry_reservation`).
+        """
+        self._destination_order[request.uid] = self._destinations_queued
+        self._destinations_queued += 1
+        self.pending_reservations.append(request)
+
+    def reserve_destination(self, request: EngineRequest) -> tuple[EngineRequest, int, int] | None:
+        """Queue a destination reservation on this idle decode rank, then try the queue head once.
+
+        The head granted may be an earlier request: reservations are granted in
+        order, one per try. See :meth:`retry_reservation`.
+        """
+        self.enqueue_destination(request)
+        return self.retry_reservation()
+
+    def retry_reservation(self) -> tuple[EngineRequest, int, int] | None:
+        """Reserve the prompt blocks of the queue head if it fits now: at most one per call.
+
+        The reference tries once at each pass end of the rank's worker (idle
+        ranks of a DP group included) and after each command applied while the
+        worker is idle (a reservation queued, an activation, a cancel). The head
+        waits while ``max_num_seqs`` requests *run* on the rank (activated
+        requests waiting to be admitted, and reservations, do not count) or its
+        fresh blocks do not fit; once tried, it is not tried again until the
+        capacity generation changes (a request finished or was preempted, blocks
+        were released). A resident cached prefix is reused; the rest are fresh
+        blocks the transfer fills.
 
         Returns:
-            (reused prompt tokens, transferable tokens = fresh blocks x block size).
+            (request, reused prompt tokens, transferable tokens = fresh blocks x
+            block size), or None when nothing was reserved.
         """
-        if self.pending_reservations or not self._try_reserve(request):
-            self.pending_reservations.append(request)
-            return None
-        return self._reservation(request)
-
-    def retry_reservations(self) -> list[tuple[EngineRequest, int, int]]:
-        """Reserve queued destinations that now fit, in order: (request, reused, transferable)."""
-        done = []
         queue = self.pending_reservations
-        while queue and self._try_reserve(queue[0]):
-            request = queue.popleft()
-            done.append((request, *self._reservation(request)))
-        return done
+        if not queue:
+            return None
+        generation = self._capacity_generation
+        if len(self.running) >= self._max_seqs or self._head_tried_at == generation:
+            self._head_tried_at = generation
+            return None
+        self._head_tried_at = generation
+        request = queue[0]
+        if not self._try_reserve(request):
+            return None
+        queue.popleft()
+        self._head_tried_at = None  # the next head has not been tried
+        self._destinations_in_transfer += 1
+        return request, *self._reservation(request)
+
+    def reservation_due(self) -> bool:
+        """Whether :meth:`retry_reservation` would try the queue head now (so it may reserve)."""
+        return (
+            bool(self.pending_reservations)
+            and len(self.running) < self._max_seqs
+            and self._head_tried_at != self._capacity_generation
+        )
+
+    def capacity_changed(self) -> None:
+        """A running slot or blocks may have been freed: the queue head is due for a try again."""
+        self._capacity_generation += 1
 
     def activate_destination(self, request: EngineRequest) -> None:
-        """The prompt's KV has arrived: make it cache-visible and queue the request to decode."""
+        """The prompt's KV has arrived: make it cache-visible and queue the request to decode.
+
+        It joins ``waiting`` ahead of the requests queued here after it (a
+        shorter transfer activates a later request first; the earlier one still
+        goes first).
+        """
         request.num_computed = request.prompt_len
         full = request.prompt_len // self.block_size
         if self._caching and full:
             self._cache_blocks(request, request.pending_cached // self.block_size, full)
         request.pending_cached = 0
-        self._reserved -= 1
         request.status = Status.WAITING
-        self.waiting.append(request)
+        self._destinations_in_transfer -= 1
+        order = self._destination_order
+        mine = order[request.uid]
+        waiting = self.waiting
+        for index, other in enumerate(waiting):
+            if order[other.uid] > mine:
+                waiting.insert(index, request)
+                return
+        waiting.append(request)
+
+    def destination_finished(self, uid: int) -> None:
+        """A destination request left this rank (finished or rejected): forget its order."""
+        self._destination_order.pop(uid, None)
 
     def cancel_destination(self, request: EngineRequest) -> bool:
         """Drop a reservation not yet activated (queued or holding blocks); False if there was none."""
-        if request in self.pending_reservations:
-            self.pending_reservations.remove(request)
-            return True
-        if not request.blocks or request.num_computed:
+        queue = self.pending_reservations
+        if request in queue:
+            if queue[0] is request:
+                self._head_tried_at = None
+            queue.remove(request)
+        elif request.blocks and not request.num_computed:
+            self.pool.release(request.blocks, request.named_blocks)
+            self._destinations_in_transfer -= 1
+        else:
             return False
-        self.pool.release(request.blocks, request.named_blocks)
-        self._reserved -= 1
+        self._destination_order.pop(request.uid, None)
+        self.capacity_changed()
         return True
 
     def _try_reserve(self, request: EngineRequest) -> bool:
-        if len(self.running) + len(self.waiting) + self._reserved >= self._max_seqs:
-            return False
         bs = self.block_size
         hits = 0
         if self._caching:
@@ -220,7 +288,6 @@ class VllmScheduler:
         ):
             return False
         request.pending_cached = hits * bs
-        self._reserved += 1
         return True
 
     def _reservation(self, request: EngineRequest) -> tuple[int, int]:
@@ -345,6 +412,8 @@ class VllmScheduler:
         waiting, running, result = self.waiting, self.running, self._result
         while waiting and len(running) < self._max_seqs:
             request = self._waiting_head()
+            if request is None:
+                return
             cached = self._admission(request)
             if cached is None:
                 return
@@ -359,18 +428,30 @@ class VllmScheduler:
             if self._budget == 0:
                 return
 
-    def _waiting_head(self) -> EngineRequest:
-        """The next request to admit: FIFO, except that a prebuilt destination goes first.
+    def _waiting_head(self) -> EngineRequest | None:
+        """The next request to admit (None: admit nothing more this pass).
 
-        A decode rank's activated request already holds all its blocks, so
-        admitting it never waits for capacity; letting it pass a preempted
-        request that waits for blocks is what keeps the two from deadlocking.
+        FIFO, except on a decode rank while destination reservations wait in
+        its queue: then only a prebuilt (activated) request may be admitted,
+        the first one in waiting order, as the reference does.
+
+        Where the reference would wait for ever, a decode rank with nothing
+        running and no destination in transfer admits differently: a prebuilt
+        request passes a head that cannot be admitted (it holds all its own
+        blocks; the head waits for blocks nobody will free), and with no
+        prebuilt request the head is tried even while reservations wait.
         """
-        if self.config.worker_type == "decode":
-            for request in self.waiting:
-                if request.blocks and request.num_computed:
-                    return request
-        return self.waiting[0]
+        waiting = self.waiting
+        head = waiting[0]
+        if self.config.worker_type != "decode":
+            return head
+        prebuilt = next((r for r in waiting if r.blocks and r.num_computed), None)
+        stuck = not self.running and not self._destinations_in_transfer
+        if self.pending_reservations:
+            return head if prebuilt is None and stuck else prebuilt
+        if prebuilt is None or prebuilt is head or not stuck or self._admission(head) is not None:
+            return head
+        return prebuilt
 
     def _admission(self, request: EngineRequest) -> int | None:
         """Cached prefix tokens to reuse if the request can be admitted now.
