@@ -30,13 +30,14 @@ class ServesimRuns:
 
     def __init__(self, root: Path) -> None:
         self._root = root
-        self._done: dict[tuple[str, bool], ServesimRun] = {}
+        self._done: dict[tuple[str, bool, int | None], ServesimRun] = {}
 
-    def get(self, name: str, *, exact_passes: bool = False) -> ServesimRun:
-        """The run of scenario ``name`` (with ``--exact-passes`` if asked), made once."""
-        key = (name, exact_passes)
+    def get(self, name: str, *, exact_passes: bool = False, seed: int | None = None) -> ServesimRun:
+        """The run of scenario ``name`` (with ``--exact-passes``, or a ``--seed``, if asked), made once."""
+        key = (name, exact_passes, seed)
         if key not in self._done:
-            workdir = self._root / f"{name}{'-exact' if exact_passes else ''}"
+            suffix = ("-exact" if exact_passes else "") + ("" if seed is None else f"-seed{seed}")
+            workdir = self._root / f"{name}{suffix}"
             workdir.mkdir()
             report, jsonl = workdir / "report.json", workdir / "requests.jsonl"
             argv = [
@@ -46,6 +47,8 @@ class ServesimRuns:
             ]
             if exact_passes:
                 argv.append("--exact-passes")
+            if seed is not None:
+                argv += ["--seed", str(seed)]
             assert main(argv) == 0, f"servesim failed on {name}: {argv}"
             raw = jsonl.read_bytes()
             records = [json.loads(line) for line in raw.splitlines()]
