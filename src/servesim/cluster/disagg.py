@@ -145,7 +145,8 @@ class DisaggregatedFlow:
         self._fixed: list[tuple[float, int]] = []  # (transfer end, uid): fixed-delay transfers
         src_bw, dst_bw = prefill_config.kv_transfer_bandwidth, decode_config.kv_transfer_bandwidth
         receive = dst_bw / src_bw if src_bw and dst_bw else math.inf
-        self._transfer_rate = min(1.0, receive)
+        # Shared links price both ends; otherwise a transfer takes its delay at the source's
+        # bandwidth, whatever the destination's (the reference's independent transfers).
         self._links = (
             TransferLinks(LinkModel.SHARED, receive)
             if src_bw and prefill_config.kv_transfer_link_model == "shared"
@@ -370,7 +371,7 @@ class DisaggregatedFlow:
             assert handoff.prefill_at is not None and handoff.decode_at is not None
             self._links.submit(uid, handoff.prefill_at[0], handoff.decode_at[0], delay, now)
         else:
-            heapq.heappush(self._fixed, (now + delay / self._transfer_rate, uid))
+            heapq.heappush(self._fixed, (now + delay, uid))
 
     def _activate(self, handoff: _Handoff, action: ActivateDestination, now: float) -> None:
         assert handoff.decode_at is not None and handoff.decode_request is not None

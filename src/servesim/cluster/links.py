@@ -21,8 +21,9 @@ Two models (:class:`LinkModel`):
   it is work-conserving: a job held back by a busy link elsewhere leaves the
   rest of its share to the others instead of idling it. A lone job finishes at
   ``now + work / min(1, r)``.
-* ``independent``: every job runs at ``min(1, r)`` whatever the others do, as
-  the reference Dynamo 1.6.1 does.
+* ``independent``: every job runs at the sending rate 1, whatever the others
+  do and whatever the receiver's bandwidth, as the reference Dynamo 1.6.1
+  prices a transfer (at the source's bandwidth alone).
 
 Between changes service is linear (``remaining -= rate * dt``), so the next
 completion is known exactly: the minimum over jobs of ``remaining / rate``.
@@ -36,7 +37,7 @@ Invariants (checked by ``_check_invariants``):
   shared: no link's summed rate exceeds its capacity, and every job has a
   bottleneck, a full link on which no job runs faster (the definition of
   max-min fairness);
-  independent: every job runs at ``min(1, r)`` (links are not capacity-bound);
+  independent: every job runs at 1 (links are not capacity-bound);
   the link clock never goes backwards; each job ends exactly once, reported
   complete by ``advance`` or removed by ``cancel``.
 """
@@ -259,7 +260,7 @@ class TransferLinks:
         """Recompute every active job's rate after the active set changed."""
         if self._mode is LinkModel.INDEPENDENT:
             for job in self._jobs.values():
-                job.rate = min(1.0, self._receive_capacity)
+                job.rate = 1.0
         else:
             self._fill()
 
@@ -325,8 +326,7 @@ class TransferLinks:
             assert job.remaining <= job.work, f"job {i} gained work"
         if self._mode is LinkModel.INDEPENDENT:
             # Independent links are not capacity-bound: that is the model.
-            solo = min(1.0, self._receive_capacity)
-            assert all(job.rate == solo for job in self._jobs.values()), "independent job shared"
+            assert all(job.rate == 1.0 for job in self._jobs.values()), "independent job shared"
             return
         members = self._members()
         loads = {link: sum(self._jobs[i].rate for i in ids) for link, ids in members.items()}
