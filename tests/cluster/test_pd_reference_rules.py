@@ -38,6 +38,7 @@ from servesim.cluster.runtime import Pool, Stage
 from servesim.config import parse_engine_args
 from servesim.engine.request import EngineRequest
 from servesim.metrics.collector import RequestRecord
+from servesim.metrics.report import request_row
 from servesim.simulation import RunConfig, run
 
 BANDWIDTH = {"kv_transfer_bandwidth": 10.0, "kv_transfer_bytes_per_token": 131072}
@@ -485,3 +486,28 @@ def test_the_kv_router_balances_over_every_rank_of_both_pools(
     assert sorted(prefill_at.values()) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert sorted((r.worker, r.dp_rank) for r in records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [r.source_held_ms for r in records] == pytest.approx([32.105859] * 4, abs=1e-6)
+
+
+def test_request_rows_name_both_pools_schedulers_as_the_reference_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prefill_worker_idx`` and ``decode_worker_idx`` are scheduler ids: worker x dp_size + rank.
+
+    Two prefill and two decode workers with two ranks each, four 500-token
+    requests 1 ms apart: the reference wrote (0, 0), (1, 2), (2, 1), (3, 3).
+    """
+    rows: list[Row] = [(float(i), 500, 3) for i in range(4)]
+    records, _ = replay(
+        tmp_path,
+        monkeypatch,
+        rows,
+        prefill={"dp_size": 2},
+        decode={"dp_size": 2},
+        prefill_workers=2,
+        decode_workers=2,
+        exact_passes=False,
+    )
+    ids = [
+        (request_row(r)["prefill_worker_idx"], request_row(r)["decode_worker_idx"]) for r in records
+    ]
+    assert ids == [(0, 0), (1, 2), (2, 1), (3, 3)]

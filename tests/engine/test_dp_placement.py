@@ -74,11 +74,6 @@ def test_cost_counts_every_rank_as_a_gpu(report: Report, key: str) -> None:
     assert report.summary[key] == pytest.approx(REFERENCE_SUMMARY[key], rel=1e-9)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the reference's per-request decode_worker_idx is the scheduler id (worker x dp_size "
-    "+ rank: 0, 2, 1, 3, ...); servesim writes the worker (0, 1, 0, 1, ...) and the rank apart",
-)
 def test_request_rows_name_the_scheduler_as_the_reference_does(report: Report) -> None:
     records = sorted(report.records, key=lambda r: r.arrival_ms)
     assert [request_row(r)["decode_worker_idx"] for r in records] == REFERENCE_SCHEDULER_IDS

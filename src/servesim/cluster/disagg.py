@@ -295,6 +295,8 @@ class DisaggregatedFlow:
             assert handoff.route is not None and handoff.submit_action is not None
             handoff.prefill_at = (routed.worker, routed.rank)
             record.prefill_worker = routed.worker
+            dp_size = self._prefill.workers[routed.worker].config.dp_size
+            record.prefill_scheduler = routed.worker * dp_size + routed.rank
             record.queue_wait_ms = routed.queued_ms
             if self._observer is not None:
                 record.overlap_blocks = routed.overlap_blocks
@@ -326,7 +328,8 @@ class DisaggregatedFlow:
             (routed,) = self._decode_policy.place(route, now)
             worker, rank = routed.worker, routed.rank
             handoff.decode_at = (worker, rank)
-            self._ledger.collector.on_route(handoff.record, worker, rank)
+            dp_size = self._decode.workers[worker].config.dp_size
+            self._ledger.collector.on_route(handoff.record, worker, rank, dp_size)
             # The destination may reuse a prompt prefix resident on its rank: it
             # matches the prompt's shareable blocks, hashed as on the prefill side.
             request = EngineRequest(

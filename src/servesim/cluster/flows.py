@@ -155,7 +155,8 @@ class AggregatedFlow:
         for routed in placed:
             spec, route = self._unplaced.pop(routed.uid)
             record = self._ledger.record(routed.uid)
-            collector.on_route(record, routed.worker, routed.rank)
+            dp_size = self._pool.workers[routed.worker].config.dp_size
+            collector.on_route(record, routed.worker, routed.rank, dp_size)
             record.queue_wait_ms = routed.queued_ms
             if self._observer is not None:
                 record.overlap_blocks = routed.overlap_blocks

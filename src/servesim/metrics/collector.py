@@ -36,10 +36,12 @@ class RequestRecord:
         "num_tokens",
         "overlap_blocks",
         "prefill_admit_ms",
+        "prefill_scheduler",
         "prefill_worker",
         "queue_wait_ms",
         "requested_output",
         "reused",
+        "scheduler",
         "second_token_ms",
         "session_id",
         "source_held_ms",
@@ -68,6 +70,8 @@ class RequestRecord:
         self.turn_index = turn_index
         self.worker: int | None = None
         self.dp_rank: int | None = None
+        # The (worker, rank) pair as one id, worker x dp_size + rank (the reference's scheduler id).
+        self.scheduler: int | None = None
         self.first_admit_ms: float | None = None
         self.first_reused = 0
         self.reused = 0
@@ -79,6 +83,7 @@ class RequestRecord:
         self.terminal_ms: float | None = None
         # Disaggregated runs: the handoff's timeline (``worker`` is then the decode worker).
         self.prefill_worker: int | None = None
+        self.prefill_scheduler: int | None = None
         self.prefill_admit_ms: float | None = None
         self.source_held_ms: float | None = None
         self.destination_reserved_ms: float | None = None
@@ -142,10 +147,11 @@ class Collector:
         return record
 
     @staticmethod
-    def on_route(record: RequestRecord, worker: int, dp_rank: int) -> None:
-        """The request was placed on ``worker``'s rank ``dp_rank``."""
+    def on_route(record: RequestRecord, worker: int, dp_rank: int, dp_size: int) -> None:
+        """The request was placed on ``worker``'s rank ``dp_rank`` (of ``dp_size``)."""
         record.worker = worker
         record.dp_rank = dp_rank
+        record.scheduler = worker * dp_size + dp_rank
 
     @staticmethod
     def on_admit(record: RequestRecord, now: float, reused_tokens: int) -> None:

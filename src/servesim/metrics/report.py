@@ -38,8 +38,9 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "output_length": r.num_tokens,
         "reused_input_tokens": r.reused,
         "first_admission_reused_input_tokens": r.first_reused,
-        "prefill_worker_idx": r.prefill_worker,
-        "decode_worker_idx": r.worker,
+        # Scheduler ids (worker x dp_size + rank), as the reference writes them.
+        "prefill_worker_idx": r.prefill_scheduler,
+        "decode_worker_idx": r.scheduler,
         "prefill_admit_ms": r.prefill_admit_ms,
         "source_held_ms": r.source_held_ms,
         "destination_reserved_ms": r.destination_reserved_ms,
