@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 from servesim import EngineConfig, Report, RunConfig, Sla, run
-from servesim.cli import main
 from servesim.metrics.collector import RequestRecord, latencies
 from servesim.metrics.stats import STAT_NAMES, GapSketch, describe, rank
 from tests.support import write_trace
@@ -140,19 +139,18 @@ def test_goodput_counts_the_requests_the_reference_counts(goodput_trace: Path, c
     assert summary["goodput_output_throughput_tok_s"] == pytest.approx(ref_tok_s, rel=1e-9)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reference rejects an E2E SLA combined with TTFT/ITL ('invalid replay spec: sla.e2e_ms "
-    "is mutually exclusive with sla.ttft_ms/itl_ms'); servesim accepts it",
-)
-def test_an_e2e_sla_cannot_be_combined_with_ttft_or_itl(
-    goodput_trace: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code = main(
-        ["replay", str(goodput_trace), "--sla-ttft-ms", "30", "--sla-e2e-ms", "100", "--quiet"]
-    )
-    assert code == 2
-    assert "sla-e2e-ms" in capsys.readouterr().err
+def test_an_e2e_sla_combines_with_ttft(goodput_trace: Path) -> None:
+    """servesim takes an E2E bound together with TTFT/ITL bounds; a request must meet them all.
+
+    (The reference refuses the combination: "sla.e2e_ms is mutually exclusive
+    with sla.ttft_ms/itl_ms"; see docs/reference-differences.md.) TTFT at r1's
+    alone keeps r0..r3; E2E at r1's alone keeps r0..r2; together, r0..r2.
+    """
+    records = sorted(replay(goodput_trace).records, key=lambda r: r.arrival_ms)
+    r1 = latencies(records[1])
+    summary = replay(goodput_trace, Sla(ttft_ms=r1.ttft, e2e_ms=r1.e2e)).summary
+    assert summary["goodput_completed_requests"] == 3
+    assert summary["goodput_output_throughput_tok_s"] == pytest.approx(4.849044103435371, rel=1e-9)
 
 
 # ----- percentiles and std on a crafted run -----

@@ -108,15 +108,12 @@ _STATS = ("mean", "min", "max", "p99", "p90", "p75", "std")
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
-        return "N/A"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return f"{value:,.2f}"
+    # As the reference prints them: two decimals, counts included.
+    return "N/A" if value is None else f"{value:,.2f}"
 
 
 def render_table(summary: dict[str, Any]) -> str:
-    """The AIPerf-style box table of the main metrics."""
+    """The AIPerf-style box table of the main metrics, in the reference's text."""
     rows: list[list[str]] = []
     for label, key in _ROWS:
         if f"mean_{key}" in summary:
@@ -141,11 +138,11 @@ def render_table(summary: dict[str, Any]) -> str:
         cells(header, "┃"),
         line("┡", "╇", "┩", "━"),
     ]
-    out += [cells(r, "│") for r in rows]
-    out.append(line("└", "┴", "┘", "─"))
+    out += [cells(r, "┃") for r in rows]
+    out.append(line("└", "┴", "┘", "━"))
     out.append(f"Wall Time (ms): {summary['wall_time_ms']:,.2f}")
-    out.append(f"Prefix Cache Reused Ratio: {summary['prefix_cache_reused_ratio']:.4f}")
+    out.append(f"Prefix Cache Reused Ratio: {summary['prefix_cache_reused_ratio']:.2f}")
     out.append(
-        f"First Admission Prefix Cache Reused Ratio: {summary['first_admission_prefix_cache_reused_ratio']:.4f}"
+        f"First Admission Prefix Cache Reused Ratio: {summary['first_admission_prefix_cache_reused_ratio']:.2f}"
     )
     return "\n".join(out)
