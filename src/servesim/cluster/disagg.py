@@ -66,29 +66,8 @@ from servesim.engine.vllm import VllmScheduler
 from servesim.engine.worker import PassOutputs, Worker
 from servesim.metrics.collector import RequestRecord, Terminal
 from servesim.router.kv_router import RouteRequest
-from servesim.router.round_robin import PoolRoundRobinRouter
-from servesim.router.routing import PlacementPolicy, Routed
+from servesim.router.routing import PlacementPolicy, RoundRobinPolicy, Routed
 from servesim.workload.admission import Released
-
-
-class PoolRoundRobinPolicy:
-    """Round robin over a pool's (worker, rank) pairs, worker-major; never queues."""
-
-    def __init__(self, dp_sizes: list[int]) -> None:
-        self._rr = PoolRoundRobinRouter(dp_sizes)
-
-    def place(self, request: RouteRequest, now: float, *, priority: int = 0) -> list[Routed]:
-        """See :class:`~servesim.router.routing.PlacementPolicy`."""
-        worker, rank = self._rr.place()
-        return [Routed(uid=request.uid, worker=worker, rank=rank, at_ms=now)]
-
-    def prefill_completed(self, uid: int, now: float) -> list[Routed]:
-        """See :class:`~servesim.router.routing.PlacementPolicy`: nothing to release."""
-        return []
-
-    def request_ended(self, uid: int, now: float) -> list[Routed]:
-        """See :class:`~servesim.router.routing.PlacementPolicy`: nothing to release."""
-        return []
 
 
 @dataclass(slots=True)
@@ -110,7 +89,7 @@ class _Handoff:
 class DisaggregatedFlow:
     """Prefill pool, decode pool, their placement policies and the KV transfers between them.
 
-    Round robin on both pools by default (:class:`PoolRoundRobinPolicy`);
+    Round robin on both pools by default (:class:`~servesim.router.routing.RoundRobinPolicy`, worker-major);
     with a KV router, the prefill policy sees the prefill ranks' KV events
     and prefill load, and the decode policy balances decode load only.
     """
@@ -129,11 +108,11 @@ class DisaggregatedFlow:
     ) -> None:
         self.pools = [prefill, decode]
         self._prefill, self._decode = prefill, decode
-        self._prefill_policy = prefill_policy or PoolRoundRobinPolicy(
-            [prefill_config.dp_size] * len(prefill.workers)
+        self._prefill_policy = prefill_policy or RoundRobinPolicy(
+            [prefill_config.dp_size] * len(prefill.workers), worker_major=True
         )
-        self._decode_policy = decode_policy or PoolRoundRobinPolicy(
-            [decode_config.dp_size] * len(decode.workers)
+        self._decode_policy = decode_policy or RoundRobinPolicy(
+            [decode_config.dp_size] * len(decode.workers), worker_major=True
         )
         self._observer = observer  # of the prefill pool; decode workers publish no KV events
         self._block_size = prefill_config.block_size

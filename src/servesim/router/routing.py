@@ -48,10 +48,10 @@ class PlacementPolicy(Protocol):
 
 
 class RoundRobinPolicy:
-    """Round robin over workers and ranks; never queues."""
+    """Round robin over workers and ranks (rank-major, or worker-major for a P/D pool); never queues."""
 
-    def __init__(self, dp_sizes: list[int]) -> None:
-        self._rr = RoundRobinRouter(dp_sizes)
+    def __init__(self, dp_sizes: list[int], *, worker_major: bool = False) -> None:
+        self._rr = RoundRobinRouter(dp_sizes, worker_major=worker_major)
 
     def place(self, request: RouteRequest, now: float, *, priority: int = 0) -> list[Routed]:
         """See :class:`PlacementPolicy`."""
