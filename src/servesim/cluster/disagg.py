@@ -355,13 +355,19 @@ class DisaggregatedFlow:
         else:
             heapq.heappush(self._fixed, (now + delay, uid))
 
+    def _deferred_past_pass(
+        self, pool: Pool, worker: int, uid: int, action: Action, now: float
+    ) -> bool:
+        """Defer ``action`` to the end of the worker's pass in flight, if there is one."""
+        if not pool.settle_worker(worker, now):
+            return False
+        self._deferred.setdefault((pool.stage, worker), []).append((uid, action))
+        return True
+
     def _activate(self, handoff: _Handoff, action: ActivateDestination, now: float) -> None:
         assert handoff.decode_at is not None and handoff.decode_request is not None
         worker = handoff.decode_at[0]
-        if self._decode.settle_worker(worker, now):
-            self._deferred.setdefault((Stage.DECODE, worker), []).append(
-                (handoff.record.uid, action)
-            )
+        if self._deferred_past_pass(self._decode, worker, handoff.record.uid, action, now):
             return
         destination = self._decode_rank(handoff)
         destination.activate_destination(handoff.decode_request)
@@ -375,10 +381,7 @@ class DisaggregatedFlow:
     ) -> None:
         assert handoff.prefill_at is not None
         worker = handoff.prefill_at[0]
-        if self._prefill.settle_worker(worker, now):
-            self._deferred.setdefault((Stage.PREFILL, worker), []).append(
-                (handoff.record.uid, action)
-            )
+        if self._deferred_past_pass(self._prefill, worker, handoff.record.uid, action, now):
             return
         released = self._prefill_rank(handoff).release_source(handoff.record.uid)
         self._observe(self._prefill.workers[worker])
@@ -393,10 +396,7 @@ class DisaggregatedFlow:
             self._outcome(handoff.record.uid, action, Outcome.NOOP)
             return
         worker = handoff.decode_at[0]
-        if self._decode.settle_worker(worker, now):
-            self._deferred.setdefault((Stage.DECODE, worker), []).append(
-                (handoff.record.uid, action)
-            )
+        if self._deferred_past_pass(self._decode, worker, handoff.record.uid, action, now):
             return
         destination = self._decode_rank(handoff)
         cancelled = destination.cancel_destination(handoff.decode_request)
