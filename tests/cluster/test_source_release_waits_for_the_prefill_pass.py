@@ -1,0 +1,67 @@
+"""ReleaseSource waits for the prefill rank's pass in flight, as in the reference (Dynamo 1.6.1).
+
+One prefill and one decode worker, block size 64, 10 GB/s and 131,072 bytes
+per token (independent transfers, as the reference prices them). Request A
+(200 tokens) is prefilled by 19.554948 ms; its 2.62 ms transfer activates it
+on the idle decode worker at 22.176388 ms. By then the prefill worker is
+prefilling B (4,000 tokens, arrived at 20 ms) until 103.971162 ms, so A's
+source KV is released only at that pass end. B's own release follows its
+activation at once (the prefill worker is idle by then). Every number is the
+reference's (``refcheck.py reference``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servesim import RunConfig, parse_engine_args, run
+from tests.support import write_trace
+
+TIMELINE = (
+    "source_held_ms",
+    "destination_reserved_ms",
+    "destination_activated_ms",
+    "decode_admit_ms",
+    "source_released_ms",
+    "first_token_ms",
+    "last_token_ms",
+)
+REFERENCE = [
+    [19.554948, 19.554948, 22.176388, 22.176388, 103.971162, 27.926689, 50.92840700000001],
+    [
+        103.971162,
+        103.971162,
+        156.39996200000002,
+        156.39996200000002,
+        156.39996200000002,
+        162.34561900000003,
+        186.12876200000002,
+    ],
+]
+
+
+@pytest.mark.parametrize("exact_passes", [False, True], ids=["fast_forward", "exact"])
+def test_the_source_is_released_at_the_end_of_the_prefill_pass_in_flight(
+    tmp_path: Path, exact_passes: bool
+) -> None:
+    """A's source is released at 103.971162 ms, the end of B's prefill, not at its activation."""
+    trace = write_trace(
+        tmp_path / "trace.jsonl", [(0, 200, 5, [1]), (20, 4000, 5, [2, 3, 4, 5, 6, 7, 8, 9])]
+    )
+    transfer = {"kv_transfer_bandwidth": 10.0, "kv_transfer_link_model": "independent"}
+    report = run(
+        RunConfig(
+            trace=trace,
+            prefill_engine=parse_engine_args(
+                {"block_size": 64, "kv_transfer_bytes_per_token": 131072, **transfer},
+                role="prefill",
+            ),
+            decode_engine=parse_engine_args({"block_size": 64, **transfer}, role="decode"),
+            exact_passes=exact_passes,
+        )
+    )
+    records = sorted(report.records, key=lambda r: r.uid)
+    for record, want in zip(records, REFERENCE, strict=True):
+        assert [getattr(record, name) for name in TIMELINE] == pytest.approx(want, abs=1e-9)
