@@ -6,10 +6,8 @@ blocks of the first and, by the recompute rule, computes the third again).
 The reference keeps a hash's copies in the order they were cached and a
 prefix hit always takes the *first* one: it is "active" only if that copy is
 referenced, and an inactive first copy is pinned out of the LRU even when a
-later copy is in use. servesim instead prefers a referenced copy (free of
-cost) and counts the hit active if any copy is referenced, so it keeps more
-evictable blocks and admits more: a known disagreement, pinned below with the
-reference's numbers.
+later copy is in use. servesim does the same (it used to prefer a referenced
+copy, which kept more evictable blocks and admitted more).
 
 The probe: block size 64, trace blocks of 64, 10 GPU blocks. A and B have the
 same three-block prompt (A: 2 tokens out, B: 100) at 0 ms; C (8 blocks, the
@@ -17,28 +15,17 @@ same first three, 2 tokens out) at 100 ms. A finishes at 49.37 ms and leaves
 its copy of block 3 inactive, first in line; B holds the second copy. C is
 admitted at 108.787288 ms reusing 192 tokens. In the reference it pinned A's
 inactive copy, so its first decode step finds no block and C (the newest) is
-preempted, to be re-admitted only when B finishes (2,271.75 ms). In servesim
-C took B's copy, evicts A's for its decode block and finishes at 184.13 ms.
-With both rules changed (``BlockPool._pick_copy`` returning the first copy,
-``match_prefix`` judging activity on it alone) servesim reproduces every
-record and summary key of this probe.
+preempted, to be re-admitted only when B finishes (2,271.75 ms). Before, servesim's
+C took B's copy, evicted A's for its decode block and finished at 184.13 ms.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from servesim import RunConfig, parse_engine_args, run
 from servesim.engine.kv.block_pool import BlockPool
 from tests.support import write_trace
-
-FIRST_COPY = pytest.mark.xfail(
-    strict=True,
-    reason="the reference's prefix hit takes a hash's first cached copy (active only if that one "
-    "is referenced); servesim prefers any referenced copy",
-)
 
 
 def _probe(tmp_path: Path) -> list[tuple[float | None, float | None, int, float | None]]:
@@ -68,7 +55,6 @@ def test_what_servesim_and_the_reference_agree_on(tmp_path: Path) -> None:
     assert c[0] == 150.116645 and c[3] == 108.787288
 
 
-@FIRST_COPY
 def test_a_prefix_hit_pins_the_first_copy_as_the_reference_does(tmp_path: Path) -> None:
     """The reference: C is preempted after its first token and re-admitted when B ends."""
     _, b, c = _probe(tmp_path)
@@ -76,7 +62,6 @@ def test_a_prefix_hit_pins_the_first_copy_as_the_reference_does(tmp_path: Path) 
     assert c == (150.116645, 2321.7168739999993, 448, 108.787288)
 
 
-@FIRST_COPY
 def test_the_block_pool_takes_the_first_copy() -> None:
     """Block 0 (first copy of hash 7) is inactive, block 1 (second copy) is held: C gets block 0."""
     pool = BlockPool(3)

@@ -117,17 +117,21 @@ class BlockPool:
     def match_prefix(self, hashes: list[BlockHash], limit: int) -> tuple[int, int]:
         """Longest resident prefix of ``hashes[:limit]``.
 
+        A hit takes a hash's first cached copy, as the reference's does: it is
+        active when that copy is referenced (another referenced copy does not
+        count).
+
         Returns:
             (hit blocks, how many of them are active, i.e. already referenced).
         """
-        by_hash, extra, refs = self._by_hash, self._extra_copies, self._refs
+        by_hash, refs = self._by_hash, self._refs
         hits = active = 0
         for block_hash in hashes[:limit]:
             block = by_hash.get(block_hash)
             if block is None:
                 break
             hits += 1
-            if refs[block] or (extra and any(refs[b] for b in extra.get(block_hash, ()))):
+            if refs[block]:
                 active += 1
         return hits, active
 
@@ -163,7 +167,7 @@ class BlockPool:
         prefix reuses) cannot supply ``num_new`` blocks, nothing changes and
         the call returns False, so the caller can preempt and retry.
         """
-        picks = [self._pick_copy(h) for h in prefix]
+        picks = [self._by_hash[h] for h in prefix]  # each hash's first cached copy
         shortfall = num_new - self.num_free
         if shortfall > 0:
             pinned_inactive = sum(1 for b in picks if b in self._lru)
@@ -362,17 +366,6 @@ class BlockPool:
             )
 
     # ----- internals -----
-
-    def _pick_copy(self, block_hash: BlockHash) -> BlockId:
-        # Prefer a copy that is already referenced: reusing it costs no capacity.
-        first = self._by_hash[block_hash]
-        refs = self._refs
-        if refs[first] or block_hash not in self._extra_copies:
-            return first
-        for block in self._extra_copies[block_hash]:
-            if refs[block]:
-                return block
-        return first
 
     def _evict_oldest(self, count: int) -> list[BlockId]:
         """Evict ``count`` inactive blocks, oldest first; return their ids in that order.
