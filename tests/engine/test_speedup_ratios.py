@@ -6,15 +6,13 @@ end, in a pass that also decodes the first. ``speedup_ratio`` divides both
 parts of a pass, ``decode_speedup_ratio`` divides the decode part on top of
 it. Every number is the reference's (``refcheck.py reference``).
 
-servesim agrees to within a nanosecond, not to the bit: the reference rounds
-the *unscaled* modelled duration to whole nanoseconds and then divides that
-duration by the ratio (rounding to the nanosecond again), where servesim
-divides first and rounds once. The mixed pass above shows it: prefill
-32.1058589 ms, decode 5.7657996 ms unscaled; the reference's pass lasts
-round(32105859 ns / 2) + round(5765800 ns / 3) = 17.974863 ms, servesim's
-round(16052929.45 ns) + round(1921933.2 ns) = 17.974862 ms. Stepping servesim
-pass by pass with the reference's order of rounding reproduces all three
-runs below to the bit.
+The reference rounds the *unscaled* modelled duration to whole nanoseconds
+and then divides that duration by the ratio (rounding to the nanosecond
+again). The mixed pass above shows it: prefill 32.1058589 ms, decode
+5.7657996 ms unscaled; the pass lasts round(32105859 ns / 2) +
+round(5765800 ns / 3) = 17.974863 ms, where dividing first and rounding once
+gives 17.974862 ms. servesim rounds as the reference does: every token time
+below agrees to the bit.
 """
 
 from __future__ import annotations
@@ -76,11 +74,7 @@ def test_speedup_ratios_divide_prefill_and_decode_as_the_reference(
         assert last == pytest.approx(ref_last, abs=1.5 * NANOSECOND)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the reference rounds the unscaled duration to ns, then divides it by the ratio; "
-    "servesim divides first (1 ns apart, e.g. 60.148115 vs 60.148116 ms)",
-)
 def test_speedup_ratios_agree_to_the_bit() -> None:
-    """With ``decode_speedup_ratio`` 1.5 alone the reference's token times, exactly."""
-    assert _tokens(1.0, 1.5) == REFERENCE[1.0, 1.5]
+    """Every ratio's token times are the reference's, exactly."""
+    for ratios, expected in REFERENCE.items():
+        assert _tokens(*ratios) == expected

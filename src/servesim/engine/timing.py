@@ -4,8 +4,10 @@ A pass lasts ``prefill + decode`` (sequential, not overlapped). Prefill is
 priced on the batch reduction the reference uses: ``batch`` prompts with mean
 computed-through length ``isl`` and mean already-present prefix ``prefix``
 (both floored means), so ``batch * (isl - prefix)`` new tokens. Decode is
-priced on the decoding requests' logical context. Speed-up ratios divide the
-results (``speedup`` for both, times ``decode_speedup`` for decode).
+priced on the decoding requests' logical context. The models give unscaled
+times; speed-up ratios (``speedup`` for both parts, times ``decode_speedup``
+for decode) divide each part once it is rounded to the nanosecond, as the
+reference does (:func:`pass_duration`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from servesim.errors import ConfigError
 
 
 class TimingModel(Protocol):
-    """Prices the two parts of a pass."""
+    """Prices the two parts of a pass (unscaled: see ``prefill_divisor`` and ``decode_divisor``)."""
+
+    prefill_divisor: float
+    """What a rounded prefill time is divided by (the speed-up ratio)."""
+    decode_divisor: float
+    """What a rounded decode time is divided by (speed-up x decode speed-up)."""
 
     def prefill_ms(self, batch: int, isl: int, prefix: int) -> float:
         """Prefill time of ``batch`` prompts computed through ``isl`` after ``prefix`` cached tokens."""
@@ -53,12 +60,12 @@ class PolynomialTiming:
     rounding (see :func:`pass_duration`).
     """
 
-    __slots__ = ("_decode_div", "_prefill_div", "_total")
+    __slots__ = ("_total", "decode_divisor", "prefill_divisor")
 
     def __init__(self, total_kv_tokens: int, speedup: float, decode_speedup: float) -> None:
         self._total = float(total_kv_tokens)
-        self._prefill_div = speedup if speedup > 0 else 1.0
-        self._decode_div = self._prefill_div * (decode_speedup if decode_speedup > 0 else 1.0)
+        self.prefill_divisor = speedup if speedup > 0 else 1.0
+        self.decode_divisor = self.prefill_divisor * (decode_speedup if decode_speedup > 0 else 1.0)
 
     def prefill_ms(self, batch: int, isl: int, prefix: int) -> float:
         """See :class:`TimingModel`."""
@@ -66,7 +73,7 @@ class PolynomialTiming:
         if batch == 0 or t == 0:
             return 0.0
         ms = 4.209989e-07 * (t * t) + 1.518344e-02 * t + 16.50142
-        return max(ms, 0.0) / self._prefill_div
+        return max(ms, 0.0)
 
     def decode_ms(self, batch: int, active_kv_tokens: int, context: int) -> float:
         """See :class:`TimingModel`."""
@@ -74,15 +81,15 @@ class PolynomialTiming:
             return 0.0
         # Shared blocks count once in the pool but in every request's context: clamp at full.
         p = min(active_kv_tokens / self._total, 1.0) if self._total else 1.0
-        return max(-25.74 * (p * p) + 54.01 * p + 5.74, 1.0) / self._decode_div
+        return max(-25.74 * (p * p) + 54.01 * p + 5.74, 1.0)
 
     def decode_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
         """See :class:`TimingModel`; the same operations as :meth:`decode_ms`, element-wise."""
         if not self._total:
-            return np.full(passes, max(-25.74 + 54.01 + 5.74, 1.0) / self._decode_div)
+            return np.full(passes, max(-25.74 + 54.01 + 5.74, 1.0))
         totals = np.arange(passes, dtype=np.float64) * batch + first_total
         p = np.minimum(totals / self._total, 1.0)
-        return np.maximum(-25.74 * (p * p) + 54.01 * p + 5.74, 1.0) / self._decode_div
+        return np.maximum(-25.74 * (p * p) + 54.01 * p + 5.74, 1.0)
 
 
 class InterpolatedTiming:
@@ -93,7 +100,7 @@ class InterpolatedTiming:
     ``decode_itl`` (rows x cols). Prefill is floored at 0 ms, decode at 1 ms.
     """
 
-    __slots__ = ("_ctx", "_decode_div", "_itl", "_kv", "_pre_t", "_pre_x", "_prefill_div")
+    __slots__ = ("_ctx", "_itl", "_kv", "_pre_t", "_pre_x", "decode_divisor", "prefill_divisor")
 
     def __init__(self, path: str, speedup: float, decode_speedup: float) -> None:
         try:
@@ -114,15 +121,15 @@ class InterpolatedTiming:
             or min(self._kv.size, self._ctx.size) < 2
         ):
             raise ConfigError(f"timing profile {path}: decode_itl shape does not match its axes")
-        self._prefill_div = speedup if speedup > 0 else 1.0
-        self._decode_div = self._prefill_div * (decode_speedup if decode_speedup > 0 else 1.0)
+        self.prefill_divisor = speedup if speedup > 0 else 1.0
+        self.decode_divisor = self.prefill_divisor * (decode_speedup if decode_speedup > 0 else 1.0)
 
     def prefill_ms(self, batch: int, isl: int, prefix: int) -> float:
         """See :class:`TimingModel`."""
         x = batch * max(isl - prefix, 0)
         if batch == 0 or x == 0:
             return 0.0
-        return max(_interp1(self._pre_x, self._pre_t, float(x)), 0.0) / self._prefill_div
+        return max(_interp1(self._pre_x, self._pre_t, float(x)), 0.0)
 
     def decode_ms(self, batch: int, active_kv_tokens: int, context: int) -> float:
         """See :class:`TimingModel`."""
@@ -133,7 +140,7 @@ class InterpolatedTiming:
         g = self._itl
         top = g[i, j] + (g[i, j + 1] - g[i, j]) * fj
         bottom = g[i + 1, j] + (g[i + 1, j + 1] - g[i + 1, j]) * fj
-        return max(float(top + (bottom - top) * fi), 1.0) / self._decode_div
+        return max(float(top + (bottom - top) * fi), 1.0)
 
     def decode_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
         """See :class:`TimingModel` (one bilinear lookup per step)."""
@@ -156,34 +163,55 @@ def _interp1(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
     return float(ys[i] + (ys[i + 1] - ys[i]) * f)
 
 
-def pass_duration(ms: float) -> float:
-    """A pass's duration as the reference's clock advances it: whole nanoseconds.
+def pass_duration(ms: float, divisor: float = 1.0) -> float:
+    """A pass part's duration as the reference's clock advances it: whole nanoseconds.
 
-    The reference turns each modelled duration into a ``Duration`` from
+    The reference turns a modelled duration into a ``Duration`` from
     ``ms / 1000`` seconds, rounded to the nearest nanosecond on that float's
-    exact value, and reads it back as float seconds x 1000. The float product
-    ``s * 1e9`` settles the rounding except within a hair of a half
-    nanosecond, where the exact value decides. Matching this keeps pass ends,
-    and so same-instant ties with arrivals, identical to the last bit.
+    exact value; a speed-up ratio then divides that ``Duration`` (its float
+    seconds, rounded to the nanosecond again); the clock reads it back as
+    float seconds x 1000. The float product ``s * 1e9`` settles each rounding
+    except within a hair of a half nanosecond, where the exact value decides.
+    Matching this keeps pass ends, and so same-instant ties with arrivals,
+    identical to the last bit.
     """
-    seconds = ms / 1000.0
+    ns = _round_ns(ms / 1000.0)
+    if divisor != 1.0:
+        ns = _round_ns(_seconds(ns) / divisor)
+    return _seconds(ns) * 1000.0
+
+
+def _round_ns(seconds: float) -> int:
     scaled = seconds * 1e9
-    ns = math.floor(scaled + 0.5)
     if abs(scaled - math.floor(scaled) - 0.5) < _NEAR_HALF:
-        ns = round(Fraction(seconds) * 1_000_000_000)
+        return round(Fraction(seconds) * 1_000_000_000)
+    return math.floor(scaled + 0.5)
+
+
+def _seconds(ns: int) -> float:
     whole, sub_ns = divmod(ns, 1_000_000_000)
-    return (whole + sub_ns / 1e9) * 1000.0
+    return whole + sub_ns / 1e9
 
 
-def pass_durations(ms: np.ndarray) -> np.ndarray:
+def pass_durations(ms: np.ndarray, divisor: float = 1.0) -> np.ndarray:
     """:func:`pass_duration` element-wise, with the same float operations."""
-    seconds = ms / 1000.0
+    ns = _round_ns_array(ms / 1000.0)
+    if divisor != 1.0:
+        ns = _round_ns_array(_seconds_array(ns) / divisor)
+    return _seconds_array(ns) * 1000.0
+
+
+def _round_ns_array(seconds: np.ndarray) -> np.ndarray:
     scaled = seconds * 1e9
     ns = np.floor(scaled + 0.5).astype(np.int64)
     for i in np.flatnonzero(np.abs(scaled - np.floor(scaled) - 0.5) < _NEAR_HALF):
         ns[i] = round(Fraction(float(seconds[i])) * 1_000_000_000)
+    return ns
+
+
+def _seconds_array(ns: np.ndarray) -> np.ndarray:
     whole, sub_ns = np.divmod(ns, 1_000_000_000)
-    return (whole.astype(np.float64) + sub_ns / 1e9) * 1000.0
+    return whole.astype(np.float64) + sub_ns / 1e9
 
 
 _NEAR_HALF = 1e-3

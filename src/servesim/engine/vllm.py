@@ -344,7 +344,10 @@ class VllmScheduler:
         if passes < 2:
             return None
         n = len(running)
-        durations = pass_durations(self.timing.decode_series(n, sum(lengths), passes))
+        timing = self.timing
+        durations = pass_durations(
+            timing.decode_series(n, sum(lengths), passes), timing.decode_divisor
+        )
         removals: list[tuple[int, int]] = []
         if self.pool.events is not None:
             # Allocations past the free list evict the oldest inactive blocks, in order.
@@ -608,7 +611,12 @@ class VllmScheduler:
         if decoding and not self._prefill_role:
             decode = self.timing.decode_ms(decoding, context, context // decoding)
         # The reference rounds each part to whole nanoseconds: decode starts at the prefill's end.
-        end = now + pass_duration(prefill) + pass_duration(decode)
+        timing = self.timing
+        end = (
+            now
+            + pass_duration(prefill, timing.prefill_divisor)
+            + pass_duration(decode, timing.decode_divisor)
+        )
         result = self._result
         for request in ready:
             if request.generated < request.max_output:
