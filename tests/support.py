@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from servesim import RunConfig, SyntheticWorkload, parse_engine_args, run
 from servesim.cluster.disagg import DisaggregatedFlow
 from servesim.cluster.flows import AggregatedFlow
 from servesim.cluster.runtime import Ledger, Pool, RunOutcome, Runtime, Stage
@@ -13,6 +14,7 @@ from servesim.config import EngineConfig
 from servesim.engine.worker import Worker
 from servesim.metrics.collector import Collector
 from servesim.router.routing import RoundRobinPolicy
+from servesim.simulation import Report
 from servesim.workload.admission import AdmissionQueue
 from servesim.workload.request import Session
 
@@ -81,3 +83,26 @@ def write_trace(path: Path, rows: Sequence[tuple[float, int, int, Sequence[int]]
             }
             handle.write(json.dumps(row) + "\n")
     return path
+
+
+def replay_synthetic(
+    inputs: int,
+    outputs: int,
+    count: int,
+    engine: Mapping[str, object],
+    *,
+    exact_passes: bool = False,
+) -> Report:
+    """``count`` synthetic requests of ``inputs`` / ``outputs`` tokens, all arriving at 0, on one worker."""
+    return run(
+        RunConfig(
+            synthetic=SyntheticWorkload(
+                input_tokens=inputs,
+                output_tokens=outputs,
+                request_count=count,
+                arrival_interval_ms=0.0,
+            ),
+            engine=parse_engine_args(dict(engine)),
+            exact_passes=exact_passes,
+        )
+    )

@@ -17,32 +17,13 @@ size 64, polynomial timing, all requests arriving at once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import pytest
 
-from servesim import RunConfig, SyntheticWorkload, parse_engine_args, run
 from servesim.metrics.collector import Terminal
 from servesim.simulation import Report
+from tests.support import replay_synthetic
 
 modes = pytest.mark.parametrize("exact_passes", [False, True], ids=["fast_forward", "exact"])
-
-
-def _run(
-    inputs: int, outputs: int, count: int, engine: Mapping[str, object], exact: bool
-) -> Report:
-    return run(
-        RunConfig(
-            synthetic=SyntheticWorkload(
-                input_tokens=inputs,
-                output_tokens=outputs,
-                request_count=count,
-                arrival_interval_ms=0.0,
-            ),
-            engine=parse_engine_args({"block_size": 64, **engine}),
-            exact_passes=exact,
-        )
-    )
 
 
 def _tokens(report: Report) -> list[tuple[float | None, float | None, int]]:
@@ -52,7 +33,9 @@ def _tokens(report: Report) -> list[tuple[float | None, float | None, int]]:
 @modes
 def test_a_prompt_of_exactly_max_model_len_is_rejected(exact_passes: bool) -> None:
     """100 tokens with ``max_model_len`` 100: the reference rejects it before admission."""
-    report = _run(100, 5, 1, {"max_model_len": 100}, exact_passes)
+    report = replay_synthetic(
+        100, 5, 1, {"block_size": 64, "max_model_len": 100}, exact_passes=exact_passes
+    )
     (record,) = report.records
     assert record.terminal is Terminal.REJECTED
     assert record.first_admit_ms is None
@@ -64,7 +47,9 @@ def test_a_prompt_of_exactly_max_model_len_is_rejected(exact_passes: bool) -> No
 @modes
 def test_a_prompt_one_short_of_max_model_len_gets_one_token(exact_passes: bool) -> None:
     """99 tokens with ``max_model_len`` 100, asking for 5: the first token reaches 100 and ends it."""
-    report = _run(99, 5, 1, {"max_model_len": 100}, exact_passes)
+    report = replay_synthetic(
+        99, 5, 1, {"block_size": 64, "max_model_len": 100}, exact_passes=exact_passes
+    )
     assert _tokens(report) == [(18.008706999999998, 18.008706999999998, 1)]
     assert report.records[0].terminal is Terminal.COMPLETED
     assert report.summary["total_output_tokens"] == 1
@@ -73,7 +58,9 @@ def test_a_prompt_one_short_of_max_model_len_gets_one_token(exact_passes: bool) 
 @modes
 def test_generation_stops_when_the_sequence_reaches_max_model_len(exact_passes: bool) -> None:
     """100 tokens asking for 50 with ``max_model_len`` 110: ten tokens, the last at 69.732648 ms."""
-    report = _run(100, 50, 1, {"max_model_len": 110}, exact_passes)
+    report = replay_synthetic(
+        100, 50, 1, {"block_size": 64, "max_model_len": 110}, exact_passes=exact_passes
+    )
     assert _tokens(report) == [(18.023974000000003, 69.732648, 10)]
     assert report.summary["total_output_tokens"] == 10
 
@@ -81,7 +68,9 @@ def test_generation_stops_when_the_sequence_reaches_max_model_len(exact_passes: 
 @modes
 def test_a_prompt_that_fills_every_block_runs(exact_passes: bool) -> None:
     """128 tokens on 2 blocks of 64, one token out: it fits exactly (first token 18.451798 ms)."""
-    report = _run(128, 1, 1, {"num_gpu_blocks": 2}, exact_passes)
+    report = replay_synthetic(
+        128, 1, 1, {"block_size": 64, "num_gpu_blocks": 2}, exact_passes=exact_passes
+    )
     assert _tokens(report) == [(18.451798, 18.451798, 1)]
     assert report.summary["rejected_requests"] == 0
     assert report.summary["committed_prefill_tokens"] == 128
@@ -90,7 +79,9 @@ def test_a_prompt_that_fills_every_block_runs(exact_passes: bool) -> None:
 @modes
 def test_a_prompt_one_token_over_every_block_is_rejected(exact_passes: bool) -> None:
     """129 tokens on 2 blocks of 64 need 3 blocks: the reference rejects it."""
-    report = _run(129, 1, 1, {"num_gpu_blocks": 2}, exact_passes)
+    report = replay_synthetic(
+        129, 1, 1, {"block_size": 64, "num_gpu_blocks": 2}, exact_passes=exact_passes
+    )
     assert report.records[0].terminal is Terminal.REJECTED
     assert report.summary["rejected_requests"] == 1
 
@@ -104,7 +95,7 @@ def test_without_chunking_a_prompt_of_exactly_the_budget_runs(exact_passes: bool
     the first finishes, at 29.51443 ms.
     """
     engine = {"enable_chunked_prefill": False, "max_num_batched_tokens": 100}
-    report = _run(100, 3, 2, engine, exact_passes)
+    report = replay_synthetic(100, 3, 2, {"block_size": 64, **engine}, exact_passes=exact_passes)
     first, second = report.records
     assert first.first_admit_ms == 0.0
     assert second.first_admit_ms == 29.51443
@@ -118,7 +109,9 @@ def test_the_last_token_of_the_budget_still_admits_a_chunk(exact_passes: bool) -
     It prefills one token in the first pass and the other 99 in the next,
     beside the first request's decode.
     """
-    report = _run(100, 3, 2, {"max_num_batched_tokens": 101}, exact_passes)
+    report = replay_synthetic(
+        100, 3, 2, {"block_size": 64, "max_num_batched_tokens": 101}, exact_passes=exact_passes
+    )
     assert [r.first_admit_ms for r in report.records] == [0.0, 0.0]
     assert _tokens(report) == [
         (18.023974000000003, 47.528338, 3),

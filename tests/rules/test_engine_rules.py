@@ -15,21 +15,7 @@ import pytest
 from servesim import ConfigError, RunConfig, SyntheticWorkload, parse_engine_args, run
 from servesim.cli import main
 from servesim.engine.timing import PolynomialTiming
-from servesim.simulation import Report
-
-
-def _synthetic(inputs: int, outputs: int, count: int, engine: dict[str, object]) -> Report:
-    return run(
-        RunConfig(
-            synthetic=SyntheticWorkload(
-                input_tokens=inputs,
-                output_tokens=outputs,
-                request_count=count,
-                arrival_interval_ms=0.0,
-            ),
-            engine=parse_engine_args(engine),
-        )
-    )
+from tests.support import replay_synthetic, write_trace
 
 
 def test_a_readmitted_request_also_decodes_in_its_recompute_pass() -> None:
@@ -41,7 +27,7 @@ def test_a_readmitted_request_also_decodes_in_its_recompute_pass() -> None:
     Priced as prefill only, its last token would come 26.34 ms earlier
     (9,818.626 ms).
     """
-    report = _synthetic(500, 200, 2, {"block_size": 16, "num_gpu_blocks": 70})
+    report = replay_synthetic(500, 200, 2, {"block_size": 16, "num_gpu_blocks": 70})
     first, second = report.records
     assert first.last_token_ms == pytest.approx(5943.063968, rel=1e-9)
     assert second.reused == 416
@@ -59,9 +45,9 @@ def test_committed_prefill_counts_work_that_computed_prompt_tokens() -> None:
     only and adds nothing (8 x 500 = 4,000, where counting every recomputed
     token would give 4,208).
     """
-    report = _synthetic(500, 200, 2, {"block_size": 16, "num_gpu_blocks": 70})
+    report = replay_synthetic(500, 200, 2, {"block_size": 16, "num_gpu_blocks": 70})
     assert report.summary["committed_prefill_tokens"] == 1145
-    report = _synthetic(
+    report = replay_synthetic(
         500, 200, 8, {"block_size": 16, "num_gpu_blocks": 120, "max_num_batched_tokens": 300}
     )
     assert [r.reused for r in report.records].count(512) == 2
@@ -86,12 +72,8 @@ def test_shared_prefix_on_a_small_cache_prices_decode_at_full_utilisation(tmp_pa
     Unclamped, p is about 4.8, the polynomial goes negative and is floored
     at 1 ms: the first request would end at 121.2 ms instead of 715.4 ms.
     """
-    trace = tmp_path / "shared.jsonl"
-    rows = [
-        {"timestamp": i, "input_length": 2048, "output_length": 20, "hash_ids": [1, 2, 3, 4]}
-        for i in range(6)
-    ]
-    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    rows = [(float(i), 2048, 20, [1, 2, 3, 4]) for i in range(6)]
+    trace = write_trace(tmp_path / "shared.jsonl", rows)
     report = run(
         RunConfig(trace=trace, engine=parse_engine_args({"block_size": 64, "num_gpu_blocks": 40}))
     )
@@ -112,7 +94,7 @@ def test_shared_prefix_on_a_small_cache_prices_decode_at_full_utilisation(tmp_pa
 
 def test_summary_names_the_eviction_policy_and_has_no_power_model() -> None:
     """Keys the reference always writes: ``kv_eviction_policy`` and null power figures."""
-    summary = _synthetic(100, 2, 1, {}).summary
+    summary = replay_synthetic(100, 2, 1, {}).summary
     assert summary["kv_eviction_policy"] == "lru"
     assert summary["power_w"] is None
     assert summary["power_coverage"] is None

@@ -10,7 +10,6 @@ under several seeds.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -20,19 +19,13 @@ from servesim import RunConfig, parse_engine_args, run
 from servesim.config import RouterConfig, parse_router_config
 from servesim.router.kv_router import KvRouter, RouteRequest
 from servesim.simulation import Report
+from tests.support import write_trace
 
 Row = tuple[int, int, int, list[int]]  # timestamp, input length, output length, hash ids
 
 
 def _replay(tmp_path: Path, rows: list[Row], router: dict[str, object], seed: int) -> Report:
-    trace = tmp_path / "trace.jsonl"
-    trace.write_text(
-        "".join(
-            json.dumps({"timestamp": t, "input_length": i, "output_length": o, "hash_ids": h})
-            + "\n"
-            for t, i, o, h in rows
-        )
-    )
+    trace = write_trace(tmp_path / "trace.jsonl", rows)
     return run(
         RunConfig(
             trace=trace,

@@ -175,6 +175,8 @@ def pass_duration(ms: float, divisor: float = 1.0) -> float:
     Matching this keeps pass ends, and so same-instant ties with arrivals,
     identical to the last bit.
     """
+    if not ms:
+        return 0.0  # a pass without that part (the common case on the per-pass path)
     ns = _round_ns(ms / 1000.0)
     if divisor != 1.0:
         ns = _round_ns(_seconds(ns) / divisor)
