@@ -17,10 +17,15 @@ MB means 10^6 bytes. Without the reference's environment, servesim runs alone.
 
 Benchmarks:
   mooncake  the full Mooncake conversation trace (12,031 requests), 16 workers, round robin
+  kv        the same, KV router
+  disagg    the same trace on 4 prefill and 12 decode workers
   batch     20,000 synthetic requests (2,000 in, 300 out), concurrency 256, 4 workers
-  disagg    the same trace as mooncake on 4 prefill and 12 decode workers
+  steady    25,000 synthetic requests (1,024 in, 128 out), one every 5 ms, 8 workers
+  lowload   10,000 synthetic requests (512 in, 128 out), one every 200 ms, 1 worker
+  workers   the first 2,000 Mooncake requests on 1,000 workers, round robin
+  workers10k  the same on 10,000 workers (not in the default set)
 
-    python bench/bench_replay.py                 # all benchmarks
+    python bench/bench_replay.py                 # all benchmarks but workers10k
     python bench/bench_replay.py batch --venv .reference-venv --servesim "python -m servesim"
 """
 
@@ -50,6 +55,16 @@ BENCHMARKS: dict[str, tuple[str, dict[str, object]]] = {
             "engine": {"block_size": 64},
         },
     ),
+    "kv": (
+        "Mooncake conversation trace, 16 workers, KV router",
+        {
+            "trace": str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl"),
+            "trace_block_size": 512,
+            "router_mode": "kv_router",
+            "num_workers": 16,
+            "engine": {"block_size": 64},
+        },
+    ),
     "disagg": (
         "Mooncake conversation trace, 4 prefill + 12 decode workers, round robin",
         {
@@ -72,7 +87,58 @@ BENCHMARKS: dict[str, tuple[str, dict[str, object]]] = {
             "engine": {"block_size": 64},
         },
     ),
+    "steady": (
+        "synthetic 1,024 in / 128 out, one every 5 ms, 8 workers",
+        {
+            "synthetic": {
+                "input_tokens": 1024,
+                "output_tokens": 128,
+                "request_count": 25000,
+                "arrival_interval_ms": 5,
+            },
+            "router_mode": "round_robin",
+            "num_workers": 8,
+            "engine": {"block_size": 64},
+        },
+    ),
+    "lowload": (
+        "synthetic 512 in / 128 out, one every 200 ms, 1 worker",
+        {
+            "synthetic": {
+                "input_tokens": 512,
+                "output_tokens": 128,
+                "request_count": 10000,
+                "arrival_interval_ms": 200,
+            },
+            "router_mode": "round_robin",
+            "num_workers": 1,
+            "engine": {"block_size": 64},
+        },
+    ),
+    "workers": (
+        "first 2,000 Mooncake requests, 1,000 workers, round robin",
+        {
+            "trace": str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl"),
+            "max_requests": 2000,
+            "trace_block_size": 512,
+            "router_mode": "round_robin",
+            "num_workers": 1000,
+            "engine": {"block_size": 64},
+        },
+    ),
+    "workers10k": (
+        "first 2,000 Mooncake requests, 10,000 workers, round robin",
+        {
+            "trace": str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl"),
+            "max_requests": 2000,
+            "trace_block_size": 512,
+            "router_mode": "round_robin",
+            "num_workers": 10000,
+            "engine": {"block_size": 64},
+        },
+    ),
 }
+DEFAULT = [name for name in BENCHMARKS if name != "workers10k"]
 
 # Summary metrics printed side by side.
 METRICS = [
@@ -121,7 +187,7 @@ def parse_args() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "benchmarks", nargs="*", metavar="BENCHMARK", help=f"any of {', '.join(BENCHMARKS)} (all)"
+        "benchmarks", nargs="*", metavar="BENCHMARK", help=f"any of {', '.join(BENCHMARKS)} (default: all but workers10k)"
     )
     p.add_argument("--venv", type=Path, default=REPO_ROOT / ".reference-venv")
     p.add_argument("--servesim", default=default_servesim(), help="command that starts servesim")
@@ -226,7 +292,7 @@ def run_benchmark(name: str, args: argparse.Namespace, out_root: Path) -> str:
 def main() -> int:
     args = parse_args()
     out_root = args.out or Path(tempfile.mkdtemp(prefix="bench-replay-"))
-    rows = [run_benchmark(name, args, out_root) for name in (args.benchmarks or list(BENCHMARKS))]
+    rows = [run_benchmark(name, args, out_root) for name in (args.benchmarks or DEFAULT)]
     print(
         "\n| benchmark | requests | servesim | reference | ratio | servesim peak RSS | servesim req/s |"
     )
