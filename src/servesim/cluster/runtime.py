@@ -122,11 +122,16 @@ class Ledger:
     def deliver_tokens(self, outputs: PassOutputs, now: float) -> None:
         """Client-visible tokens of a pass (or window) that ended at ``now``."""
         records, collector = self._records, self.collector
+        for request, tokens, last_ms in outputs.catch_ups:
+            collector.on_catch_up(records[request.uid], tokens, last_ms)
+        for prev_end, count, times in outputs.cohorts:
+            if times is None:
+                collector.on_shared_gap(now - prev_end, count)
+            else:
+                collector.on_shared_gaps(prev_end, count, times)
         on_token = collector.on_token
         for request in outputs.emitted:
             on_token(records[request.uid], now)
-        for requests, times in outputs.streams:
-            collector.on_token_stream([records[r.uid] for r in requests], times)
 
     def end(self, uid: int, now: float, terminal: Terminal) -> None:
         """The request completed or was rejected at ``now``; its session may go on."""

@@ -44,8 +44,10 @@ class EngineRequest:
 
     __slots__ = (
         "blocks",
+        "cohort_base",
         "generated",
         "hashes",
+        "joined_step",
         "max_output",
         "named_blocks",
         "num_computed",
@@ -54,6 +56,7 @@ class EngineRequest:
         "prompt",
         "prompt_len",
         "salt",
+        "seq",
         "status",
         "uid",
     )
@@ -77,6 +80,11 @@ class EngineRequest:
         self.num_preemptions = 0
         self.pending_cached = 0
         self.status = Status.WAITING
+        # Admission order on its rank (running order); see VllmScheduler's decode cohort
+        # for the other two, which hold a lazily advanced decoder's progress.
+        self.seq = 0
+        self.cohort_base = 0
+        self.joined_step = 0
         self.blocks: list[int] = []
         self.hashes: list[int] = []
         # Leading blocks cached under their hash; later ones are cached unnamed

@@ -18,10 +18,27 @@ One pass (:meth:`VllmScheduler.execute_pass`) is decided at its start:
    ``now + prefill + decode``, each part rounded to whole nanoseconds.
 4. Emission: every request whose sequence is fully computed emits one token;
    those reaching their output length finish and release their blocks.
+
+**Decode cohort** (``lazy=True``, servesim's default mode). A running request
+that decodes one token every pass needs no work in most passes: its length
+follows from the rank's pass counter. Such *steady decoders* join the rank's
+cohort after a pass in which they emitted their second or later token; a
+member's progress is ``cohort_base`` plus the pass number, and it is visited
+only in the passes where something happens to it: a block boundary (allocate
+a block, cache a full one) or its last token (it leaves the cohort at that
+pass's start and is scheduled as any other request). A pass whose running
+requests all fit its token budget and whose new blocks all fit without
+preemption runs this way, with the other requests and the members' events in
+running order, so block ids, evictions and KV events are those of stepping.
+Any other pass first materialises the cohort (:meth:`VllmScheduler._sync`)
+and runs the loop above. Members' tokens are reported as one count per pass
+(their shared gap), and each member's token count and last token time as a
+catch-up when it leaves.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -55,6 +72,9 @@ class PassResult:
         rejected: requests dropped because they can never fit.
         preempted: requests preempted (sent back to waiting) in this pass.
         progressed: whether the pass scheduled, emitted, finished or rejected anything.
+        cohort_tokens: decode-cohort members that emitted one token (not in ``emitted``).
+        cohort_prev_end: when those members' previous token was stamped (the rank's
+            previous pass end).
     """
 
     end_ms: float
@@ -64,22 +84,30 @@ class PassResult:
     rejected: list[EngineRequest] = field(default_factory=list)
     preempted: list[EngineRequest] = field(default_factory=list)
     progressed: bool = False
+    cohort_tokens: int = 0
+    cohort_prev_end: float = 0.0
+
+
+CatchUp = tuple[EngineRequest, int, float]
+"""A request leaving the decode cohort: (request, tokens it got as a member, last token time)."""
 
 
 @dataclass(slots=True, kw_only=True)
 class DecodePlan:
-    """A rank's next passes when they are decode-only over a fixed running set.
+    """A rank's next passes when they are decode-only over its decode cohort.
 
     Attributes:
-        requests: the running requests, in running order.
-        lengths: their sequence lengths before the first planned pass.
+        members: how many requests decode (each gets a token every pass).
+        first_step: the rank's pass number of the first planned pass.
+        prev_end_ms: when the members' previous token was stamped.
         durations: each planned pass's duration (ms, as the clock advances).
         removals: (pass index, hash) of the Removed events the plan's evictions
             publish at the start of that pass (only when KV events are recorded).
     """
 
-    requests: list[EngineRequest]
-    lengths: list[int]
+    members: int
+    first_step: int
+    prev_end_ms: float
     durations: np.ndarray
     removals: list[tuple[int, int]]
 
@@ -88,7 +116,12 @@ class VllmScheduler:
     """Waiting and running queues, token budget and KV blocks of one rank."""
 
     def __init__(
-        self, config: EngineConfig, timing: TimingModel, *, events: list[KvEvent] | None = None
+        self,
+        config: EngineConfig,
+        timing: TimingModel,
+        *,
+        events: list[KvEvent] | None = None,
+        lazy: bool = False,
     ) -> None:
         self.config = config
         self.timing = timing
@@ -120,6 +153,20 @@ class VllmScheduler:
         self._max_tokens = config.max_num_batched_tokens or _UNBOUNDED
         self._lifo = config.preemption_mode == "lifo"
         self._caching = config.enable_prefix_caching
+        # Decode cohort (see the module docstring). _step counts this rank's passes;
+        # _others holds the running requests that are not members.
+        self.lazy = lazy
+        self._step = 0
+        self._seq = 0
+        self._members: dict[EngineRequest, None] = {}
+        self._others: dict[EngineRequest, None] = {}
+        self._sum_base = 0
+        self._due: dict[int, list[EngineRequest]] = {}  # members by their next event's pass
+        self._due_steps: list[int] = []  # heap of _due's keys
+        # End of this rank's latest pass (set by its worker when the pass ends).
+        self.last_emit_ms = 0.0
+        # Members that left the cohort since the last call of take_catch_ups.
+        self.catch_ups: list[CatchUp] = []
         # Per-pass scratch state, reset by execute_pass.
         self._budget = 0
         self._batch = [0, 0, 0]  # prompts scheduled, sum of isl, sum of prefix
@@ -301,12 +348,16 @@ class VllmScheduler:
         self._budget = self._max_tokens
         self._batch = [0, 0, 0]
         self._scheduled = {}
-        self._schedule_running()
+        self._step += 1
+        cohort = bool(self._members) and self._schedule_cohort()
+        if not cohort:
+            self._sync(self._step - 1)
+            self._schedule_running()
         if not result.preempted and len(self.running) < self._max_seqs:
             self._schedule_waiting()
         result.end_ms = self._emit(now)
         result.progressed = bool(
-            self._scheduled or result.finished or result.rejected or result.preempted
+            cohort or self._scheduled or result.finished or result.rejected or result.preempted
         )
         return result
 
@@ -315,39 +366,37 @@ class VllmScheduler:
     def plan_decode(self, limit: int) -> DecodePlan | None:
         """Plan up to ``limit`` passes that would each be one decode step for every running request.
 
-        That holds while nothing waits, every running request is decoding,
-        the token budget covers them all and the pool can give each block
-        boundary a block without preempting. The plan stops at the pass in
-        which the first request finishes. Returns None when fewer than two
-        passes qualify (a normal pass is then as cheap).
+        That holds while nothing waits, every running request is a cohort
+        member (steady decoders not yet in it join now), the token budget
+        covers them all and the pool can give each block boundary a block
+        without preempting. The plan stops at the pass in which the first
+        member finishes. Returns None when fewer than two passes qualify (a
+        normal pass is then as cheap).
         """
         running = self.running
-        if self.waiting or not running or len(running) > self._max_tokens:
+        if self.waiting or not running or len(running) > self._max_tokens or not self.lazy:
             return None
-        max_len = self.config.max_model_len
-        passes = limit
-        lengths = []
-        for request in running:
-            length = request.prompt_len + request.generated
-            if request.generated == 0 or request.num_computed != length - 1:
+        for request in self._others:
+            if request.generated < 2 or request.num_computed != request.length - 1:
                 return None
-            passes = min(passes, request.max_output - request.generated)
-            if max_len is not None:
-                passes = min(passes, max_len - length)
-            lengths.append(length)
-        bs = self.block_size
-        # Pass j needs a block for a request of length L when L + j - 1 is a multiple of bs.
-        needs = sorted(j for length in lengths for j in range((1 - length) % bs, passes, bs))
+        for request in list(self._others):
+            self._join(request)
+        members, step, bs = self._members, self._step, self.block_size
+        n = len(members)
+        passes = min(limit, min(self._finish_step(r) for r in members) - step)
+        # Pass j of the plan (step + 1 + j) gives a member a block when its
+        # cohort_base + step + 1 + j is a multiple of bs.
+        needs = sorted(
+            j for r in members for j in range((-(r.cohort_base + step + 1)) % bs, passes, bs)
+        )
         spare = self.pool.num_free + self.pool.num_inactive
         if len(needs) > spare:
             passes = needs[spare]
         if passes < 2:
             return None
-        n = len(running)
         timing = self.timing
-        durations = pass_durations(
-            timing.decode_series(n, sum(lengths), passes), timing.decode_divisor
-        )
+        context = self._sum_base + n * (step + 2)  # the members' lengths before the first pass
+        durations = pass_durations(timing.decode_series(n, context, passes), timing.decode_divisor)
         removals: list[tuple[int, int]] = []
         if self.pool.events is not None:
             # Allocations past the free list evict the oldest inactive blocks, in order.
@@ -355,46 +404,167 @@ class VllmScheduler:
             published = self.pool.removals_of_oldest(len(evicting))
             removals = [(j, h) for j, h in zip(evicting, published, strict=True) if h is not None]
         return DecodePlan(
-            requests=list(running), lengths=lengths, durations=durations, removals=removals
+            members=n,
+            first_step=step + 1,
+            prev_end_ms=self.last_emit_ms,
+            durations=durations,
+            removals=removals,
         )
 
-    def commit_decode(self, plan: DecodePlan, passes: int) -> list[EngineRequest]:
-        """Apply the first ``passes`` passes of ``plan``, as pass-by-pass stepping would.
+    def commit_decode(self, plan: DecodePlan, passes: int, end_ms: float) -> list[EngineRequest]:
+        """Apply the first ``passes`` passes of ``plan`` (the last ends at ``end_ms``).
 
-        Blocks are allocated and cached in the same order (pass by pass, in
-        running order), so block ids, evictions and KV events are identical.
+        The members' block boundaries are visited pass by pass, in running
+        order, as stepping visits them, so block ids, evictions and KV events
+        are identical.
 
         Returns:
             The requests that finished in the last applied pass.
         """
-        bs = self.block_size
-        pool = self.pool
-        steps = []
-        for i, length in enumerate(plan.lengths):
-            steps += [(j, i, True) for j in range((1 - length) % bs, passes, bs)]
-            if self._caching:
-                steps += [(j, i, False) for j in range((-length) % bs, passes, bs)]
-        steps.sort()
-        for j, i, allocate in steps:
-            request = plan.requests[i]
-            if allocate:
-                ok = pool.allocate(request.blocks, [], 1)
-                assert ok, "decode plan outran the pool"
-            else:
-                full = (plan.lengths[i] + j) // bs
-                self._cache_blocks(request, full - 1, full)
+        last = plan.first_step + passes - 1
         finished = []
-        max_len = self.config.max_model_len
-        for request, length in zip(plan.requests, plan.lengths, strict=True):
-            request.generated += passes
-            request.num_computed = length + passes - 1
-            if request.generated >= request.max_output or (
-                max_len is not None and request.length >= max_len
-            ):
-                finished.append(request)
+        due_steps = self._due_steps
+        while due_steps and due_steps[0] <= last:
+            step = heapq.heappop(due_steps)
+            for request in self._take_due(step):
+                if step == self._finish_step(request):
+                    assert step == last, "a plan ends with its first member's last token"
+                    self._block_events(request, step)
+                    finished.append(request)
+                else:
+                    self._advance_member(request, step)
+        self._step = last
         for request in finished:
+            self._leave(request, last, end_ms)
             self._finish(request)
         return finished
+
+    # ----- decode cohort -----
+
+    def take_catch_ups(self) -> list[CatchUp]:
+        """Members that left the cohort since the last call (their tokens as members)."""
+        out, self.catch_ups = self.catch_ups, []
+        return out
+
+    @property
+    def passes(self) -> int:
+        """Passes this rank has started (fast-forwarded ones not counted)."""
+        return self._step
+
+    def flush_cohort(self, passes_ended: int, last_ms: float) -> None:
+        """Materialise every member as of this rank's first ``passes_ended`` passes, the last
+        of which ended at ``last_ms`` (a time cap stops the run)."""
+        self._sync(passes_ended, last_ms)
+
+    def _schedule_cohort(self) -> bool:
+        """The running loop of pass ``_step`` with the cohort kept lazy; False if it cannot be.
+
+        It can when every running request gets all the tokens it wants from
+        the budget and the pool supplies every new block without preempting:
+        then order cannot change what anyone gets. Nothing is changed when
+        False is returned.
+        """
+        step, bs, pool = self._step, self.block_size, self.pool
+        members = self._members
+        due = self._due.get(step, ())
+        tokens = len(members)
+        blocks = sum(1 for r in due if (r.cohort_base + step) % bs == 0)
+        for request in self._others:
+            if not request.blocks or not request.num_computed:
+                return False
+            length = request.prompt_len + request.generated
+            tokens += length - request.num_computed
+            blocks += max(0, -(-length // bs) - len(request.blocks))
+        if tokens > self._budget or blocks > pool.num_free + pool.num_inactive:
+            return False
+        if due:
+            self._take_due(step)
+            heapq.heappop(self._due_steps)
+        for request in sorted([*self._others, *due], key=_admission_order):
+            if request in members and step == self._finish_step(request):
+                self._leave(request, step - 1, self.last_emit_ms)  # scheduled as any other
+            if request in members:
+                self._advance_member(request, step)
+                continue
+            outcome = self._schedule(request, from_waiting=False)
+            assert outcome is _Outcome.SCHEDULED, "a cohort pass outran its budget or pool"
+        self._budget -= len(members)
+        return True
+
+    def _take_due(self, step: int) -> list[EngineRequest]:
+        """The members filed under ``step``, in running order (the bucket is removed)."""
+        bucket = self._due.pop(step)
+        if len(bucket) > 1:
+            bucket.sort(key=_admission_order)
+        return bucket
+
+    def _advance_member(self, request: EngineRequest, step: int) -> None:
+        """A member's block boundary in pass ``step``; then file it under its next one."""
+        self._block_events(request, step)
+        self._schedule_due(request, step)
+
+    def _block_events(self, request: EngineRequest, step: int) -> None:
+        """A member's new block for its token of pass ``step``, or its block becoming full."""
+        bs = self.block_size
+        computed = request.cohort_base + step  # before this pass's token
+        if computed % bs == 0:
+            ok = self.pool.allocate(request.blocks, [], 1)
+            assert ok, "the cohort outran the pool"
+        if self._caching and (computed + 1) % bs == 0:
+            full = (computed + 1) // bs
+            self._cache_blocks(request, full - 1, full)
+
+    def _finish_step(self, request: EngineRequest) -> int:
+        """The pass in which a member emits its last token."""
+        base = request.cohort_base
+        step = request.max_output + request.prompt_len - 2 - base
+        max_len = self.config.max_model_len
+        return step if max_len is None else min(step, max_len - 2 - base)
+
+    def _schedule_due(self, request: EngineRequest, after: int) -> None:
+        """File a member under its next pass after ``after`` with a block boundary or its end."""
+        base, bs = request.cohort_base, self.block_size
+        step = after + 1
+        due = step + (-(base + step)) % bs  # a new block for its token
+        if self._caching:
+            due = min(due, step + (-(base + step + 1)) % bs)  # a block becomes full
+        due = min(due, self._finish_step(request))
+        bucket = self._due.get(due)
+        if bucket is None:
+            self._due[due] = [request]
+            heapq.heappush(self._due_steps, due)
+        else:
+            bucket.append(request)
+
+    def _join(self, request: EngineRequest) -> None:
+        """A running request that emitted in this pass (not its first token) joins the cohort."""
+        step = self._step
+        request.cohort_base = request.num_computed - step - 1
+        request.joined_step = step
+        self._sum_base += request.cohort_base
+        del self._others[request]
+        self._members[request] = None
+        self._schedule_due(request, step)
+
+    def _leave(self, request: EngineRequest, passes_done: int, last_ms: float) -> None:
+        """Materialise a member as of this rank's first ``passes_done`` passes (the last ended at ``last_ms``)."""
+        del self._members[request]
+        self._others[request] = None
+        self._sum_base -= request.cohort_base
+        request.num_computed = request.cohort_base + passes_done + 1
+        request.generated = request.num_computed + 1 - request.prompt_len
+        tokens = passes_done - request.joined_step  # < 0: joined in a pass that never ended
+        if tokens > 0:
+            self.catch_ups.append((request, tokens, last_ms))
+
+    def _sync(self, passes_done: int, last_ms: float | None = None) -> None:
+        """Materialise the whole cohort (a pass that must run request by request)."""
+        if not self._members:
+            return
+        for request in list(self._members):
+            self._leave(request, passes_done, self.last_emit_ms if last_ms is None else last_ms)
+        self._due.clear()
+        self._due_steps.clear()
 
     # ----- scheduling -----
 
@@ -516,7 +686,10 @@ class VllmScheduler:
         if from_waiting:
             self.waiting.remove(request)
             request.status = Status.RUNNING
+            request.seq = self._seq
+            self._seq += 1
             self.running.append(request)
+            self._others[request] = None
             self._result.admitted.append((request, cached))
         return _Outcome.SCHEDULED
 
@@ -570,7 +743,9 @@ class VllmScheduler:
         victim.num_preemptions += 1
         victim.status = Status.PREEMPTED
         self.preemptions_total += 1
+        assert not self._members, "a pass that may preempt runs with the cohort materialised"
         self.running.remove(victim)
+        del self._others[victim]
         self.waiting.appendleft(victim)
         self._result.preempted.append(victim)
         undo = self._scheduled.pop(victim, None)
@@ -597,7 +772,10 @@ class VllmScheduler:
         ready: list[EngineRequest] = []
         decoding = context = 0
         scheduled = self._scheduled
-        for request in self.running:
+        members = len(self._members)
+        # Members emit as one count; the others in running order.
+        candidates = sorted(self._others, key=_admission_order) if members else self.running
+        for request in candidates:
             length = request.prompt_len + request.generated
             if request.num_computed != length:
                 continue
@@ -607,6 +785,9 @@ class VllmScheduler:
             if request.generated or scheduled[request][1] < 0:
                 decoding += 1
                 context += length
+        if members:
+            decoding += members
+            context += self._sum_base + members * (self._step + 1)
         decode = 0.0
         if decoding and not self._prefill_role:
             decode = self.timing.decode_ms(decoding, context, context // decoding)
@@ -618,6 +799,9 @@ class VllmScheduler:
             + pass_duration(decode, timing.decode_divisor)
         )
         result = self._result
+        result.cohort_tokens = members
+        result.cohort_prev_end = self.last_emit_ms
+        join = self.lazy and not self._prefill_role
         for request in ready:
             if request.generated < request.max_output:
                 request.generated += 1
@@ -628,11 +812,14 @@ class VllmScheduler:
             ):
                 result.finished.append(request)
                 self._finish(request)
+            elif join and request.generated >= 2:
+                self._join(request)
         return end
 
     def _finish(self, request: EngineRequest) -> None:
         request.status = Status.FINISHED
         self.running.remove(request)
+        del self._others[request]
         if self._prefill_role:
             self.held[request.uid] = request  # the source keeps its KV until ReleaseSource
         else:
@@ -656,3 +843,7 @@ class VllmScheduler:
         for j in range(len(hashes), num_blocks):
             parent = hashes[-1] if hashes else None
             hashes.append(chain(parent, generated_block_hash(request.salt, j)))
+
+
+def _admission_order(request: EngineRequest) -> int:
+    return request.seq

@@ -27,7 +27,7 @@ from servesim.config import EngineConfig
 from servesim.engine.kv.block_pool import KvEvent
 from servesim.engine.request import EngineRequest
 from servesim.engine.timing import make_timing
-from servesim.engine.vllm import DecodePlan, PassResult, VllmScheduler
+from servesim.engine.vllm import CatchUp, DecodePlan, PassResult, VllmScheduler
 
 MAX_WINDOW = 4096
 """Most passes one window plans (bounds the arrays; a longer stretch takes several windows)."""
@@ -39,16 +39,20 @@ class PassOutputs:
 
     Attributes:
         emitted: requests that produced one token, stamped at the end.
-        streams: fast-forwarded requests (one rank's running set) and the times
-            of the tokens each of them got.
         finished: requests that reached their output length.
         rejected: requests dropped because they can never fit.
+        cohorts: per rank's decode cohort, (when its members' previous token
+            was stamped, how many members, the times of the tokens each of
+            them got: the pass end, or a fast-forwarded window's pass ends).
+        catch_ups: requests that left a decode cohort, with the tokens they
+            got as members and the last one's time (delivered before the rest).
     """
 
     emitted: list[EngineRequest] = field(default_factory=list)
-    streams: list[tuple[list[EngineRequest], np.ndarray]] = field(default_factory=list)
     finished: list[EngineRequest] = field(default_factory=list)
     rejected: list[EngineRequest] = field(default_factory=list)
+    cohorts: list[tuple[float, int, np.ndarray | None]] = field(default_factory=list)
+    catch_ups: list[CatchUp] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -99,7 +103,7 @@ class Worker:
         timing = make_timing(config)
         # With kv_events, each rank records its KV events for a router to drain (see take_events).
         self.ranks = [
-            VllmScheduler(config, timing, events=[] if kv_events else None)
+            VllmScheduler(config, timing, events=[] if kv_events else None, lazy=fast_forward)
             for _ in range(config.dp_size)
         ]
         self.busy_until: float | None = None
@@ -154,11 +158,22 @@ class Worker:
         window = self._window
         if window is not None:
             self._apply(window, max(1, int(np.searchsorted(window.ends, limit, side="right"))))
-        out = PassOutputs()
-        for requests, times in self._outputs.streams:
+        assert self.busy_until is not None
+        out = PassOutputs(catch_ups=self._outputs.catch_ups)
+        for prev_end, members, times in self._outputs.cohorts:
+            if times is None:
+                continue  # a pass in flight
             shown = times[times <= limit]
             if len(shown):
-                out.streams.append((requests, shown))
+                out.cohorts.append((prev_end, members, shown))
+        # The cohorts' records: up to the last pass that ended by the cap.
+        ended = self.busy_until <= limit
+        for rank in self.ranks:
+            rank.flush_cohort(
+                rank.passes if ended else rank.passes - 1,
+                self.busy_until if ended else rank.last_emit_ms,
+            )
+            out.catch_ups += rank.take_catch_ups()
         return out
 
     def can_start(self) -> bool:
@@ -177,6 +192,7 @@ class Worker:
         if self.fast_forward:
             end = self._start_window(now)
             if end is not None:
+                self._take_catch_ups()
                 return end, []
         results = []
         for rank in self.ranks:
@@ -190,12 +206,16 @@ class Worker:
             return None
         self.busy_until = max(r.end_ms for r in results)
         self._outputs = _collect(results)
+        self._take_catch_ups()
         return self.busy_until, [admission for r in results for admission in r.admitted]
 
     def finish_pass(self) -> PassOutputs:
         """End the pass (or window) in flight and return what it made visible; the worker is idle again."""
         if self._window is not None:
             self._apply(self._window, len(self._window.ends))
+        assert self.busy_until is not None
+        for rank in self.ranks:
+            rank.last_emit_ms = self.busy_until
         self.busy_until = None
         out, self._outputs = self._outputs, PassOutputs()
         return out
@@ -228,19 +248,25 @@ class Worker:
         """Whether a scheduled removal's pass still belongs to this worker's history (not cut away)."""
         return removal.window == self._serial and removal.pass_index < self._valid_passes
 
+    def _take_catch_ups(self) -> None:
+        for rank in self.ranks:
+            if rank.catch_ups:
+                self._outputs.catch_ups += rank.take_catch_ups()
+
     def _apply(self, window: _Window, passes: int) -> float | None:
         """Apply the window's first ``passes`` passes; it then ends with the last of them."""
         self._window = None
         self._valid_passes = passes
         out = self._outputs
         times = window.ends[:passes]
+        end = float(times[-1])
         for rank, plan in window.plans:
-            out.streams.append((plan.requests, times))
-            finished = rank.commit_decode(plan, passes)
+            out.cohorts.append((plan.prev_end_ms, plan.members, times))
+            finished = rank.commit_decode(plan, passes, end)
             if finished:
                 rank.capacity_changed()
                 out.finished += finished
-        end = float(times[-1])
+                out.catch_ups += rank.take_catch_ups()
         if end == self.busy_until:
             return None
         self.busy_until = end
@@ -286,4 +312,6 @@ def _collect(results: list[PassResult]) -> PassOutputs:
         out.emitted += result.emitted
         out.finished += result.finished
         out.rejected += result.rejected
+        if result.cohort_tokens:
+            out.cohorts.append((result.cohort_prev_end, result.cohort_tokens, None))
     return out

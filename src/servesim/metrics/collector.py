@@ -180,23 +180,27 @@ class Collector:
         if record.num_tokens == 1:
             record.second_token_ms = now
 
-    def on_token_stream(self, records: list[RequestRecord], times: np.ndarray) -> None:
-        """Each request got one token at each of ``times`` (fast-forwarded passes).
+    def on_shared_gap(self, gap: float, count: int) -> None:
+        """``count`` requests each got a token ``gap`` ms after their previous one.
 
-        Every request already has a token, so its gaps are its own first gap
-        (from its last token) then the gaps between ``times``, which all of
-        them share: those go into the sketches once, weighted.
+        Their records catch up when they leave the cohort (:meth:`on_catch_up`).
         """
-        first = float(times[0])
-        for record in records:
-            assert record.last_token_ms is not None, "fast-forward starts after the first token"
-            self._next_token(record, first)
-            record.last_token_ms = float(times[-1])
-            record.num_tokens += len(times)
-        if len(times) > 1:
-            shared = np.diff(times)
-            self.itl.add_many(shared, weight=len(records))
-            self.per_user.add_many(1000.0 / shared[shared > 0.0], weight=len(records))
+        self.itl.add_weighted(gap, count)
+        if gap > 0.0:
+            self.per_user.add_weighted(1000.0 / gap, count)
+
+    @staticmethod
+    def on_catch_up(record: RequestRecord, tokens: int, last_ms: float) -> None:
+        """A request's ``tokens`` tokens counted by :meth:`on_shared_gap`, the last at ``last_ms``."""
+        assert record.num_tokens >= 2, "a cohort member joins after its second token"
+        record.num_tokens += tokens
+        record.last_token_ms = last_ms
+
+    def on_shared_gaps(self, prev_end: float, count: int, times: np.ndarray) -> None:
+        """``count`` requests, whose previous token was at ``prev_end``, each got one at each of ``times``."""
+        gaps = np.diff(times, prepend=prev_end)
+        self.itl.add_many(gaps, weight=count)
+        self.per_user.add_many(1000.0 / gaps[gaps > 0.0], weight=count)
 
     @staticmethod
     def on_terminal(record: RequestRecord, now: float, terminal: Terminal) -> None:

@@ -106,6 +106,23 @@ class GapSketch:
         buckets = self._buckets
         buckets[key] = buckets.get(key, 0) + 1
 
+    def add_weighted(self, value: float, weight: int) -> None:
+        """Record one sample ``weight`` times (West's weighted update of the moments)."""
+        self.count += weight
+        delta = value - self.mean
+        self.mean += delta * weight / self.count
+        self._m2 += weight * delta * (value - self.mean)
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+        if value < self._min_indexable:
+            self.zeros += weight
+            return
+        key = math.ceil(math.log(value) * self._inv_ln_gamma)
+        buckets = self._buckets
+        buckets[key] = buckets.get(key, 0) + weight
+
     def add_many(self, values: np.ndarray, *, weight: int = 1) -> None:
         """Record each of ``values`` ``weight`` times.
 
