@@ -187,7 +187,10 @@ def parse_args() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "benchmarks", nargs="*", metavar="BENCHMARK", help=f"any of {', '.join(BENCHMARKS)} (default: all but workers10k)"
+        "benchmarks",
+        nargs="*",
+        metavar="BENCHMARK",
+        help=f"any of {', '.join(BENCHMARKS)} (default: all but workers10k)",
     )
     p.add_argument("--venv", type=Path, default=REPO_ROOT / ".reference-venv")
     p.add_argument("--servesim", default=default_servesim(), help="command that starts servesim")

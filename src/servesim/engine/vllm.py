@@ -191,7 +191,7 @@ class VllmScheduler:
         request = self.held.pop(uid, None)
         if request is None:
             return False
-        self.pool.release(request.blocks, request.named_blocks)
+        self._release(request)
         self.capacity_changed()
         return True
 
@@ -315,7 +315,7 @@ class VllmScheduler:
                 self._head_tried_at = None
             queue.remove(request)
         elif request.blocks and not request.num_computed:
-            self.pool.release(request.blocks, request.named_blocks)
+            self._release(request)
             self._destinations_in_transfer -= 1
         else:
             return False
@@ -367,20 +367,15 @@ class VllmScheduler:
         """Plan up to ``limit`` passes that would each be one decode step for every running request.
 
         That holds while nothing waits, every running request is a cohort
-        member (steady decoders not yet in it join now), the token budget
+        member (a steady decoder joins after its next token), the token budget
         covers them all and the pool can give each block boundary a block
         without preempting. The plan stops at the pass in which the first
         member finishes. Returns None when fewer than two passes qualify (a
         normal pass is then as cheap).
         """
         running = self.running
-        if self.waiting or not running or len(running) > self._max_tokens or not self.lazy:
+        if self.waiting or self._others or not running or len(running) > self._max_tokens:
             return None
-        for request in self._others:
-            if request.generated < 2 or request.num_computed != request.length - 1:
-                return None
-        for request in list(self._others):
-            self._join(request)
         members, step, bs = self._members, self._step, self.block_size
         n = len(members)
         passes = min(limit, min(self._finish_step(r) for r in members) - step)
@@ -721,13 +716,15 @@ class VllmScheduler:
         return running[-1] if self._lifo else running[0]
 
     def _cache_blocks(self, request: EngineRequest, start: int, end: int) -> None:
-        """Cache the request's computed full blocks ``start..end``: named ones under their hash."""
+        """Cache the request's computed full blocks ``start..end`` that others may match.
+
+        Blocks past ``named_blocks`` stay unhashed: the pool keeps them as the
+        request's own until it releases them (see :meth:`_release`).
+        """
         named_end = min(end, request.named_blocks)
         if named_end > start:
             self._ensure_hashes(request, named_end)
             self.pool.cache(request.blocks, request.hashes, start, named_end)
-        if end > named_end:
-            self.pool.cache_unnamed(request.blocks, max(start, named_end), end)
 
     def _preempt(self, victim: EngineRequest) -> None:
         """Send a running request back to the front of waiting; it recomputes through the cache."""
@@ -735,9 +732,9 @@ class VllmScheduler:
         if self._caching and victim.named_blocks < full:
             # Its unnamed blocks are for its own re-admission to find: name them now.
             self._ensure_hashes(victim, full)
-            self.pool.name(victim.blocks, victim.hashes, victim.named_blocks, full)
+            self.pool.cache(victim.blocks, victim.hashes, victim.named_blocks, full)
         victim.named_blocks = ALL_BLOCKS
-        self.pool.release(victim.blocks, victim.named_blocks)
+        self._release(victim)
         victim.num_computed = 0
         victim.pending_cached = 0
         victim.num_preemptions += 1
@@ -823,7 +820,12 @@ class VllmScheduler:
         if self._prefill_role:
             self.held[request.uid] = request  # the source keeps its KV until ReleaseSource
         else:
-            self.pool.release(request.blocks, request.named_blocks)
+            self._release(request)
+
+    def _release(self, request: EngineRequest) -> None:
+        """Return a request's blocks; its computed full blocks stay cached (if caching)."""
+        cached = request.num_computed // self.block_size if self._caching else 0
+        self.pool.release(request.blocks, request.named_blocks, cached)
 
     def _ensure_hashes(self, request: EngineRequest, num_blocks: int) -> None:
         """Extend ``request.hashes`` to cover at least its first ``num_blocks`` full blocks.

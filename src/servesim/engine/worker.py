@@ -158,21 +158,25 @@ class Worker:
         window = self._window
         if window is not None:
             self._apply(window, max(1, int(np.searchsorted(window.ends, limit, side="right"))))
-        assert self.busy_until is not None
-        out = PassOutputs(catch_ups=self._outputs.catch_ups)
-        for prev_end, members, times in self._outputs.cohorts:
-            if times is None:
-                continue  # a pass in flight
-            shown = times[times <= limit]
-            if len(shown):
-                out.cohorts.append((prev_end, members, shown))
-        # The cohorts' records: up to the last pass that ended by the cap.
-        ended = self.busy_until <= limit
+        done = self._outputs
+        out = PassOutputs()
+        # Passes applied to the ranks' state whose ends come after the cap, and when the
+        # last pass before them ended: a window's tail, or the one pass in flight.
+        hidden, last = 1, self.ranks[0].last_emit_ms
+        for prev_end, members, times in done.cohorts:
+            if times is not None:  # a fast-forwarded window (every rank's has the same ends)
+                shown = times[times <= limit]
+                hidden = len(times) - len(shown)
+                last = float(shown[-1]) if len(shown) else prev_end
+                if len(shown):
+                    out.cohorts.append((prev_end, members, shown))
+        for request, tokens, last_ms in done.catch_ups:
+            if last_ms > limit:  # finished in a window's last pass, after the cap
+                tokens, last_ms = tokens - hidden, last
+            if tokens > 0:
+                out.catch_ups.append((request, tokens, last_ms))
         for rank in self.ranks:
-            rank.flush_cohort(
-                rank.passes if ended else rank.passes - 1,
-                self.busy_until if ended else rank.last_emit_ms,
-            )
+            rank.flush_cohort(rank.passes - hidden, last)
             out.catch_ups += rank.take_catch_ups()
         return out
 
