@@ -147,18 +147,29 @@ def test_check_catches_a_block_its_owner_forgot() -> None:
 
 
 def test_check_catches_a_block_lost_from_every_list() -> None:
-    """A free block taken off the free list without being given out is neither free, inactive nor active."""
-    pool, _, _ = shared_prefix_state()
+    """A free block taken off the free list without being given out is neither free, inactive
+    nor held by anyone: the recount against the tables sees it."""
+    pool, a, b = shared_prefix_state()
+    pool.release(b)  # its private block 3 goes back to the free list
     lost = pool._free.pop()
-    with pytest.raises(AssertionError, match=f"block {lost} leaked"):
-        pool.check()
+    assert lost == 3
+    with pytest.raises(AssertionError, match="block 3 leaked"):
+        pool.check([a])
 
 
-def test_check_catches_a_referenced_block_on_the_free_list() -> None:
+def test_check_catches_a_held_block_on_the_free_list() -> None:
     """A block still held by a request must never be handed out again."""
-    pool, a, _ = shared_prefix_state()
+    pool, a, b = shared_prefix_state()
     pool._free.append(a[2])
-    with pytest.raises(AssertionError, match="block 2 has 1 references but is on the free list"):
+    with pytest.raises(AssertionError, match="block 2 is held by a table but is free"):
+        pool.check([a, b])
+
+
+def test_check_catches_a_referenced_hashed_block_on_the_free_list() -> None:
+    """A shared block on the free list would be overwritten under its holders."""
+    pool, a, _ = shared_prefix_state()
+    pool._free.append(a[0])
+    with pytest.raises(AssertionError, match="free block 0 still carries a hash"):
         pool.check()
 
 
@@ -168,7 +179,7 @@ def test_check_catches_a_double_release_of_a_shared_prefix() -> None:
     duplicate = list(b)
     pool.release(b)
     pool.release(duplicate[:2])  # the shared blocks go to the LRU under a's feet
-    with pytest.raises(AssertionError, match="block 0: 0 references recorded, 1 tables hold it"):
+    with pytest.raises(AssertionError, match="block 0 is held by a table but is inactive"):
         pool.check([a])
 
 

@@ -4,15 +4,26 @@ Each physical block is *free*, *private* (allocated, content not yet hashed),
 or *cached* (carries a sequence hash and a reference count). A cached block
 with no references is *inactive*: it still holds reusable KV and sits in an LRU
 ordered by when it became inactive; allocation evicts from the LRU head
-(oldest first) once the free list is empty. Several cached copies may carry the
+(oldest first) once the free list is empty.
+
+A request's blocks past its shared prefix (see ``exclusive_from`` in
+:meth:`BlockPool.release`) are its alone and no other request can ever match
+them: they carry no hash and no reference count. Released, the computed ones
+enter the LRU as one *run* (a single entry holding their ids), evicted as a
+whole or in part, and the rest go back to the free list; no per-block work is
+done for them beyond moving their ids in bulk.
+
+Per-block state grows with the block ids handed out, not with the capacity:
+never-used ids come from a counter, before ids that were used and freed. Several cached copies may carry the
 same hash (two requests that computed the same block at once); each uses
 capacity, and the hash stays visible until its last copy is evicted.
 
 Invariants (checked by :meth:`check`): every block is exactly one of free
-(no references, no hash), inactive (no references, a hash, in the LRU) or
-active (referenced, on neither list); every cached block is listed under its
-hash; and, given the block tables that hold them, each block's reference
-count is the number of tables listing it.
+(no hash), inactive (in the LRU: a hashed block with no references, or in a
+run) or active (on neither list); every hashed block is listed under its hash;
+and, given the block tables that hold them, each hashed block's reference
+count is the number of tables listing it, and every other active block is
+listed by exactly one table.
 
 KV events, when a sink is attached, mirror the reference: ``Stored`` for runs
 of consecutive blocks whose hash became visible (0 -> 1 copies), with the
@@ -28,16 +39,6 @@ from dataclasses import dataclass
 
 BlockId = int
 BlockHash = int
-
-UNNAMED: BlockHash = 1 << 64
-"""Hash slot of a cached block that no other request can ever match.
-
-Outside the u64 range of real hashes. Such a block behaves as cached (it goes
-to the LRU when released, and is evicted from it) but is not in the hash
-index; :meth:`BlockPool.name` gives it its real hash if its owner needs it.
-Released onto an empty LRU it goes to the free list's tail instead: it would
-be the next block taken after the free list either way.
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,7 @@ KvEvent = KvStored | KvRemoved
 
 
 class BlockPool:
-    """Blocks of one rank: free list, cached copies by hash, LRU of inactive blocks."""
+    """Blocks of one rank: free list, cached copies by hash, LRU of inactive blocks and runs."""
 
     __slots__ = (
         "_by_hash",
@@ -67,7 +68,10 @@ class BlockPool:
         "_free",
         "_free_head",
         "_hash",
+        "_inactive",
         "_lru",
+        "_next_id",
+        "_next_run",
         "_refs",
         "capacity",
         "events",
@@ -76,37 +80,41 @@ class BlockPool:
     def __init__(self, capacity: int, *, events: list[KvEvent] | None = None) -> None:
         self.capacity = capacity
         self.events = events
-        # Free blocks, oldest first, from _free_head on: a list, so that many can be
-        # taken or returned at once (a deque pops one at a time).
-        self._free: list[BlockId] = list(range(capacity))
+        # Ids never handed out are _next_id.._capacity (taken first, in order); freed ids
+        # wait in _free from _free_head on, oldest first. A list, so that many can be
+        # taken or returned at once.
+        self._next_id = 0
+        self._free: list[BlockId] = []
         self._free_head = 0
-        self._hash: list[BlockHash | None] = [None] * capacity
-        self._refs: list[int] = [0] * capacity
+        # Per-block state, for ids handed out so far; _refs is meaningful for hashed blocks.
+        self._hash: list[BlockHash | None] = []
+        self._refs: list[int] = []
         # First copy of each visible hash; further copies (rare) in _extra_copies.
         # One int per hash, not a list, keeps caching and eviction allocation-free.
         self._by_hash: dict[BlockHash, BlockId] = {}
         self._extra_copies: dict[BlockHash, list[BlockId]] = {}
-        # Oldest inactive block first; O(1) removal from the middle and from the head.
-        # (A plain dict would do the first, but finding its head after many deletions
-        # scans the holes they leave: quadratic over a long run.)
-        self._lru: OrderedDict[BlockId, None] = OrderedDict()
+        # Oldest first: a hashed block (key = its id, value None) or a run of a request's
+        # own blocks (key < 0, value = their ids). O(1) removal from the middle and the head.
+        self._lru: OrderedDict[int, list[BlockId] | None] = OrderedDict()
+        self._inactive = 0
+        self._next_run = -1
 
     # ----- counts -----
 
     @property
     def num_free(self) -> int:
         """Blocks holding nothing."""
-        return len(self._free) - self._free_head
+        return len(self._free) - self._free_head + self.capacity - self._next_id
 
     @property
     def num_inactive(self) -> int:
         """Cached blocks nobody references (evictable)."""
-        return len(self._lru)
+        return self._inactive
 
     @property
     def num_active(self) -> int:
-        """Blocks referenced by at least one request."""
-        return self.capacity - self.num_free - len(self._lru)
+        """Blocks held by at least one request."""
+        return self.capacity - self.num_free - self._inactive
 
     # ----- lookups -----
 
@@ -141,14 +149,14 @@ class BlockPool:
         block_hash, extra = self._hash, self._extra_copies
         gone: dict[BlockHash, int] = {}
         out: list[BlockHash | None] = []
-        for block in self._lru:
+        for key, run in self._lru.items():
             if len(out) >= count:
                 break
-            h = block_hash[block]
-            assert h is not None
-            if h == UNNAMED:
-                out.append(None)
+            if run is not None:
+                out += [None] * min(len(run), count - len(out))
                 continue
+            h = block_hash[key]
+            assert h is not None
             gone[h] = gone.get(h, 0) + 1
             copies = 1 + len(extra.get(h, ()))
             out.append(h if gone[h] == copies else None)
@@ -156,7 +164,10 @@ class BlockPool:
 
     def lru_order(self) -> list[BlockId]:
         """Inactive blocks, next to be evicted first (for tests and diagnostics)."""
-        return list(self._lru)
+        out: list[BlockId] = []
+        for key, run in self._lru.items():
+            out += [key] if run is None else run
+        return out
 
     # ----- mutations -----
 
@@ -167,57 +178,58 @@ class BlockPool:
         prefix reuses) cannot supply ``num_new`` blocks, nothing changes and
         the call returns False, so the caller can preempt and retry.
         """
+        lru, refs = self._lru, self._refs
         picks = [self._by_hash[h] for h in prefix]  # each hash's first cached copy
         shortfall = num_new - self.num_free
         if shortfall > 0:
-            pinned_inactive = sum(1 for b in picks if b in self._lru)
-            if shortfall > len(self._lru) - pinned_inactive:
+            pinned_inactive = sum(1 for b in picks if b in lru)
+            if shortfall > self._inactive - pinned_inactive:
                 return False
-        lru, refs = self._lru, self._refs
         for block in picks:
             if refs[block] == 0:
                 del lru[block]
+                self._inactive -= 1
             refs[block] += 1
             table.append(block)
         if num_new <= 0:
             return True
-        fresh = self._take_free(num_new - max(shortfall, 0))
+        table += self._take_free(num_new - max(shortfall, 0))
         if shortfall > 0:
             # Evicted blocks join the free list's tail: the new blocks are the free ones, then them.
-            fresh += self._evict_oldest(shortfall)
-        for block in fresh:
-            refs[block] = 1
-        table.extend(fresh)
+            table += self._evict_oldest(shortfall)
         return True
 
     def _take_free(self, count: int) -> list[BlockId]:
+        fresh = min(count, self.capacity - self._next_id)
+        if fresh > 0:
+            start = self._next_id
+            self._next_id = start + fresh
+            self._hash += [None] * fresh
+            self._refs += [0] * fresh
+            taken = list(range(start, start + fresh))
+            if fresh == count:
+                return taken
+        else:
+            taken = []
         head = self._free_head
-        taken = self._free[head : head + count]
-        head += count
-        if head > 4096 and head * 2 > len(self._free):
-            del self._free[:head]  # compact now and then: amortised O(1) per block
-            head = 0
-        self._free_head = head
+        end = head + count - len(taken)
+        taken += self._free[head:end]
+        if end > 4096 and end * 2 > len(self._free):
+            del self._free[:end]  # compact now and then: amortised O(1) per block
+            end = 0
+        self._free_head = end
         return taken
 
     def cache(self, table: list[BlockId], hashes: list[BlockHash], start: int, end: int) -> None:
         """Make blocks ``table[start:end]`` cache-visible under ``hashes[start:end]``.
 
         Called when their tokens have been computed. A block that already
-        carries a hash (a reused prefix copy) is left alone.
+        carries a hash (a reused prefix copy) is left alone; a newly hashed
+        block is held by its own table alone.
         """
-        block_hash = self._hash
+        block_hash, refs = self._hash, self._refs
         by_hash = self._by_hash
         events = self.events
-        if events is None:
-            for block, h in zip(table[start:end], hashes[start:end], strict=True):
-                if block_hash[block] is None:
-                    block_hash[block] = h
-                    if h in by_hash:
-                        self._extra_copies.setdefault(h, []).append(block)
-                    else:
-                        by_hash[h] = block
-            return
         run: list[BlockHash] = []
         run_parent: BlockHash | None = None
         for i in range(start, end):
@@ -226,122 +238,114 @@ class BlockPool:
                 continue
             h = hashes[i]
             block_hash[block] = h
+            refs[block] = 1
             if h not in by_hash:
                 by_hash[h] = block
-                if not run:
-                    run_parent = hashes[i - 1] if i > 0 else None
-                run.append(h)
+                if events is not None:
+                    if not run:
+                        run_parent = hashes[i - 1] if i > 0 else None
+                    run.append(h)
                 continue
             self._extra_copies.setdefault(h, []).append(block)
             if run:
+                assert events is not None
                 events.append(KvStored(run_parent, tuple(run)))
                 run = []
         if run:
+            assert events is not None
             events.append(KvStored(run_parent, tuple(run)))
 
-    def cache_unnamed(self, table: list[BlockId], start: int, end: int) -> None:
-        """Make blocks ``table[start:end]`` cached without indexing them (see :data:`UNNAMED`)."""
-        block_hash = self._hash
-        for block in table[start:end]:
-            if block_hash[block] is None:
-                block_hash[block] = UNNAMED
-
-    def name(self, table: list[BlockId], hashes: list[BlockHash], start: int, end: int) -> None:
-        """Give the unnamed blocks of ``table[start:end]`` their hashes, as if cached with them."""
-        block_hash = self._hash
-        for i in range(start, end):
-            if block_hash[table[i]] == UNNAMED:
-                block_hash[table[i]] = None
-        self.cache(table, hashes, start, end)
-
-    def release(self, table: list[BlockId], exclusive_from: int | None = None) -> None:
+    def release(
+        self, table: list[BlockId], exclusive_from: int | None = None, cached_to: int = 0
+    ) -> None:
         """Drop a request's references, last block first (so chain tails evict first).
 
         Args:
             table: the request's blocks; emptied.
             exclusive_from: blocks from this index on are the request's alone
-                (unnamed or private, one reference): they are released in bulk.
+                (never hashed): those before ``cached_to`` hold computed KV and
+                enter the LRU as one run; the rest are freed.
+            cached_to: see ``exclusive_from``.
         """
         refs, block_hash, lru, free = self._refs, self._hash, self._lru, self._free
         start = len(table) if exclusive_from is None else min(exclusive_from, len(table))
-        tail = table[start:]
-        if tail:
-            tail.reverse()
-            for block in tail:
-                refs[block] = 0
-            if not lru:
-                # An unnamed block at the LRU head would be the next one taken after the
-                # free list, with no identity to lose: the free list's tail is the same place.
-                for block in tail:
-                    block_hash[block] = None
-                free.extend(tail)
-            else:
-                for block in tail:
-                    if block_hash[block] is None:
-                        free.append(block)
-                    else:
-                        lru[block] = None
+        if start < len(table):
+            cached = max(start, min(cached_to, len(table)))
+            free += table[cached:]
+            if cached > start:
+                if lru:
+                    lru[self._next_run] = table[start:cached]
+                    self._next_run -= 1
+                    self._inactive += cached - start
+                else:
+                    # A run at an empty LRU's head would be the next taken after the free
+                    # list, with no identity to lose: the free list's tail is the same place.
+                    free += table[start:cached]
+        inactive = 0
         for block in reversed(table[:start]):
+            if block_hash[block] is None:
+                free.append(block)  # private
+                continue
             left = refs[block] - 1
             refs[block] = left
-            if left:
-                continue
-            h = block_hash[block]
-            if h is None:
-                free.append(block)
-            elif h == UNNAMED and not lru:
-                block_hash[block] = None
-                free.append(block)
-            else:
+            if not left:
                 lru[block] = None
+                inactive += 1
+        self._inactive += inactive
         table.clear()
 
     def check(self, tables: Iterable[Sequence[BlockId]] | None = None) -> None:
         """Assert the pool's invariants (tests call this after every step).
 
         Every block must be in exactly one state, judged block by block rather
-        than from the pool's own counters: *free* (on the free list once, no
-        references, no hash), *inactive* (in the LRU, no references, a hash)
-        or *active* (referenced; then on neither list). A block with no
-        references on neither list has leaked; a referenced block on the free
-        list would be handed to a second request. The hash index lists
-        exactly the blocks carrying a real hash.
+        than from the pool's own counters: *free* (on the free list once, or an
+        id never handed out; no hash), *inactive* (in the LRU: a hashed block
+        with no references, or in a run with no hash) or *active* (on neither
+        list). The hash index lists exactly the blocks carrying a hash.
 
         Args:
-            tables: when given, every block table that holds references on
-                this pool (running, waiting-with-blocks, held and reserved
-                requests). Each block's reference count must then equal the
-                number of tables listing it: a count the pool kept after its
-                owner forgot the block (a leak), or lost while a table still
-                lists it (a double release), fails here.
+            tables: when given, every block table that holds blocks of this
+                pool (running, waiting-with-blocks, held and reserved
+                requests). Each hashed block's reference count must then equal
+                the number of tables listing it, every unhashed active block
+                must be listed by exactly one table, and every active block by
+                at least one: a block the pool kept after its owner forgot it
+                (a leak), or lost while a table still lists it (a double
+                release), fails here.
 
-        Costs O(capacity + blocks in tables); the hot path keeps no extra state.
+        Costs O(blocks handed out + blocks in tables); the hot path keeps no extra state.
         """
-        capacity, refs, block_hash, lru = self.capacity, self._refs, self._hash, self._lru
+        handed, refs, block_hash, lru = self._next_id, self._refs, self._hash, self._lru
+        assert 0 <= handed <= self.capacity
+        assert len(refs) == len(block_hash) == handed
         free = self._free[self._free_head :]
         free_set = set(free)
         assert len(free_set) == len(free), "a block is on the free list twice"
-        assert all(0 <= b < capacity for b in free_set), "a free-list entry is not a block id"
-        assert len(refs) == len(block_hash) == capacity
-        active = 0
-        for block in range(capacity):
-            count = refs[block]
-            assert count >= 0, f"block {block} has {count} references"
-            on_free, on_lru = block in free_set, block in lru
-            if count:
-                active += 1
-                assert not on_free, f"block {block} has {count} references but is on the free list"
-                assert not on_lru, f"block {block} has {count} references but is in the LRU"
-                continue
-            assert not (on_free and on_lru), f"block {block} is both free and inactive"
-            assert on_free or on_lru, (
-                f"block {block} leaked: no references, neither free nor evictable"
-            )
-            if on_free:
-                assert block_hash[block] is None, f"free block {block} still carries a hash"
+        assert all(0 <= b < handed for b in free_set), "a free-list entry is not a handed-out id"
+        in_runs: list[BlockId] = []
+        for key, run in lru.items():
+            if run is None:
+                assert 0 <= key < handed, f"LRU key {key} is not a block id"
+                assert block_hash[key] is not None, f"inactive block {key} has no hash"
+                assert refs[key] == 0, f"block {key} has {refs[key]} references but is in the LRU"
             else:
-                assert block_hash[block] is not None, f"inactive block {block} has no hash"
-        assert active == self.num_active, "free + inactive + active blocks != capacity"
+                assert key < 0 and run, "a run is keyed by a negative number and not empty"
+                in_runs += run
+        runs_set = set(in_runs)
+        assert len(runs_set) == len(in_runs), "a block is in the runs twice"
+        assert not runs_set & free_set, "a block is both free and in a run"
+        for block in runs_set:
+            assert block_hash[block] is None, f"block {block} in a run carries a hash"
+        for block in free_set:
+            assert block_hash[block] is None, f"free block {block} still carries a hash"
+        inactive = runs_set | {k for k, run in lru.items() if run is None}
+        assert not inactive & free_set, "a block is both free and inactive"
+        assert len(inactive) == self._inactive, "inactive count disagrees with the LRU"
+        active = {b for b in range(handed) if b not in free_set and b not in inactive}
+        assert len(active) == self.num_active, "free + inactive + active blocks != capacity"
+        for block in active:
+            if block_hash[block] is not None:
+                assert refs[block] > 0, f"active hashed block {block} has no references"
         indexed = list(self._by_hash.values())
         for h, block in self._by_hash.items():
             assert block_hash[block] == h, f"hash index points {h} at block {block}"
@@ -350,20 +354,29 @@ class BlockPool:
             for block in copies:
                 assert block_hash[block] == h, f"extra copy {block} of {h} carries another hash"
             indexed += copies
-        named = [b for b in range(capacity) if block_hash[b] not in (None, UNNAMED)]
+        named = [b for b in range(handed) if block_hash[b] is not None]
         assert len(set(indexed)) == len(indexed), "a block is indexed twice"
         assert set(indexed) == set(named), "hash index and block hashes disagree"
         if tables is None:
             return
-        counted = [0] * capacity
+        counted = [0] * handed
         for table in tables:
             assert len(set(table)) == len(table), f"a block table lists a block twice: {table}"
             for block in table:
+                assert block not in free_set, f"block {block} is held by a table but is free"
+                assert block not in inactive, f"block {block} is held by a table but is inactive"
                 counted[block] += 1
-        for block in range(capacity):
-            assert refs[block] == counted[block], (
-                f"block {block}: {refs[block]} references recorded, {counted[block]} tables hold it"
-            )
+        for block in active:
+            assert counted[block], f"block {block} leaked: on no list and in no table"
+            if block_hash[block] is not None:
+                assert refs[block] == counted[block], (
+                    f"block {block}: {refs[block]} references recorded, "
+                    f"{counted[block]} tables hold it"
+                )
+            else:
+                assert counted[block] == 1, (
+                    f"unhashed active block {block} is held by {counted[block]} tables"
+                )
 
     # ----- internals -----
 
@@ -372,20 +385,29 @@ class BlockPool:
 
         Hashes whose last copy goes are published as one Removed event.
         """
-        popitem, block_hash, by_hash = self._lru.popitem, self._hash, self._by_hash
+        lru, block_hash, by_hash = self._lru, self._hash, self._by_hash
         extra = self._extra_copies
-        evicted = []
+        evicted: list[BlockId] = []
         removed = []
-        for _ in range(count):
-            block = popitem(last=False)[0]
-            h = block_hash[block]
-            assert h is not None
-            block_hash[block] = None
-            evicted.append(block)
-            if h == UNNAMED:
+        self._inactive -= count
+        while count:
+            key, run = lru.popitem(last=False)
+            if run is not None:
+                if len(run) > count:
+                    evicted += run[:count]
+                    lru[key] = run[count:]
+                    lru.move_to_end(key, last=False)
+                    break
+                evicted += run
+                count -= len(run)
                 continue
+            count -= 1
+            h = block_hash[key]
+            assert h is not None
+            block_hash[key] = None
+            evicted.append(key)
             if extra and h in extra:
-                self._forget_copy(h, block)
+                self._forget_copy(h, key)
                 continue
             del by_hash[h]
             removed.append(h)
