@@ -75,6 +75,33 @@ def test_prefix_reuse_pins_inactive_copies_without_using_free_blocks() -> None:
     pool.check()
 
 
+def test_recycled_blocks_follow_the_ids_never_used() -> None:
+    """The free list is every id not yet used, in order, then released blocks in release order."""
+    pool, _ = make_pool(8)
+    first: list[int] = []
+    pool.allocate(first, [], 3)
+    pool.release(first)  # private blocks: to the free list's tail, last block first
+    assert pool.num_free == 8
+    second: list[int] = []
+    assert pool.allocate(second, [], 7)
+    assert second == [3, 4, 5, 6, 7, 2, 1]
+    assert pool.num_free == 1
+    pool.check([second])
+
+
+def test_per_block_state_grows_with_the_blocks_used_not_the_capacity() -> None:
+    """A large, little-used pool keeps state for the blocks handed out only."""
+    pool, _ = make_pool(1 << 20)
+    table: list[int] = []
+    pool.allocate(table, [], 3)
+    pool.release(table)
+    assert pool.allocate(table, [], 2)
+    assert table == [3, 4]
+    assert len(pool._refs) == len(pool._hash) == 5
+    assert pool.num_free == (1 << 20) - 2
+    pool.check([table])
+
+
 def test_allocation_that_cannot_fit_changes_nothing() -> None:
     """Not fitting is a return value, and the pool is left exactly as it was."""
     pool, _ = make_pool(3)
@@ -149,9 +176,34 @@ def test_check_catches_a_block_its_owner_forgot() -> None:
 def test_check_catches_a_block_lost_from_every_list() -> None:
     """A free block taken off the free list without being given out is neither free, inactive nor active."""
     pool, _, _ = shared_prefix_state()
-    lost = pool._free.pop()
+    [lost] = pool._take_free(1)  # the next free block: an id never handed out before
     with pytest.raises(AssertionError, match=f"block {lost} leaked"):
         pool.check()
+
+
+def test_check_catches_a_recycled_block_lost_from_the_free_list() -> None:
+    """The same for a block that was used, released and is free again."""
+    pool, _, b = shared_prefix_state()
+    pool.release(b)  # b's private block 3 goes back to the free list
+    lost = pool._free.pop()
+    assert lost == 3
+    with pytest.raises(AssertionError, match="block 3 leaked"):
+        pool.check()
+
+
+def test_check_catches_a_free_list_entry_never_handed_out() -> None:
+    """An id beyond those handed out is free by construction: listing it again would give it out twice."""
+    pool, _, _ = shared_prefix_state()
+    pool._free.append(5)  # ids 4 and 5 have never been handed out
+    with pytest.raises(AssertionError, match="not a block id handed out"):
+        pool.check()
+
+
+def test_check_catches_a_table_listing_a_block_never_handed_out() -> None:
+    """A table cannot hold a block the pool never gave out."""
+    pool, a, b = shared_prefix_state()
+    with pytest.raises(AssertionError, match="lists block 4, never handed out"):
+        pool.check([a, [*b, 4]])
 
 
 def test_check_catches_a_referenced_block_on_the_free_list() -> None:

@@ -14,6 +14,11 @@ active (referenced, on neither list); every cached block is listed under its
 hash; and, given the block tables that hold them, each block's reference
 count is the number of tables listing it.
 
+Memory grows with the blocks a rank has used, not with its capacity: block
+ids are handed out in order the first time (a counter stands for the ids
+never used yet), and the per-block state is appended as each id first goes
+out. A cluster of thousands of mostly idle ranks then costs little.
+
 KV events, when a sink is attached, mirror the reference: ``Stored`` for runs
 of consecutive blocks whose hash became visible (0 -> 1 copies), with the
 preceding block's hash as parent; ``Removed`` when the last copy of a hash is
@@ -69,6 +74,7 @@ class BlockPool:
         "_hash",
         "_lru",
         "_refs",
+        "_used",
         "capacity",
         "events",
     )
@@ -76,12 +82,18 @@ class BlockPool:
     def __init__(self, capacity: int, *, events: list[KvEvent] | None = None) -> None:
         self.capacity = capacity
         self.events = events
-        # Free blocks, oldest first, from _free_head on: a list, so that many can be
-        # taken or returned at once (a deque pops one at a time).
-        self._free: list[BlockId] = list(range(capacity))
+        # The free list, oldest first, is the ids never handed out (_used up to
+        # capacity, ascending), then the recycled blocks from _free_head on. Every
+        # release appends, so the never-used ids always stay at the head: a counter
+        # stands for them. (Listing all ids up front cost ~1 MB per rank.)
+        # Recycled blocks are a list, so that many can be taken or returned at once
+        # (a deque pops one at a time).
+        self._used = 0
+        self._free: list[BlockId] = []
         self._free_head = 0
-        self._hash: list[BlockHash | None] = [None] * capacity
-        self._refs: list[int] = [0] * capacity
+        # Per-block state of the ids handed out so far (ids below _used).
+        self._hash: list[BlockHash | None] = []
+        self._refs: list[int] = []
         # First copy of each visible hash; further copies (rare) in _extra_copies.
         # One int per hash, not a list, keeps caching and eviction allocation-free.
         self._by_hash: dict[BlockHash, BlockId] = {}
@@ -96,7 +108,7 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks holding nothing."""
-        return len(self._free) - self._free_head
+        return self.capacity - self._used + len(self._free) - self._free_head
 
     @property
     def num_inactive(self) -> int:
@@ -191,8 +203,19 @@ class BlockPool:
         return True
 
     def _take_free(self, count: int) -> list[BlockId]:
+        """The ``count`` oldest free blocks: never-used ids first, then recycled ones."""
+        used = self._used
+        fresh = min(count, self.capacity - used)
+        taken = list(range(used, used + fresh))
+        if fresh:
+            self._used = used + fresh
+            self._hash.extend([None] * fresh)
+            self._refs.extend([0] * fresh)
+            count -= fresh
+            if not count:
+                return taken
         head = self._free_head
-        taken = self._free[head : head + count]
+        taken += self._free[head : head + count]
         head += count
         if head > 4096 and head * 2 > len(self._free):
             del self._free[:head]  # compact now and then: amortised O(1) per block
@@ -315,16 +338,24 @@ class BlockPool:
                 owner forgot the block (a leak), or lost while a table still
                 lists it (a double release), fails here.
 
-        Costs O(capacity + blocks in tables); the hot path keeps no extra state.
+        Blocks never handed out (ids from the counter on) are free by
+        construction: they must appear nowhere, not on the recycled list, in
+        the LRU, the hash index or a table.
+
+        Costs O(blocks used + blocks in tables); the hot path keeps no extra state.
         """
-        capacity, refs, block_hash, lru = self.capacity, self._refs, self._hash, self._lru
+        used, refs, block_hash, lru = self._used, self._refs, self._hash, self._lru
+        assert 0 <= used <= self.capacity, f"{used} blocks handed out of {self.capacity}"
+        assert len(refs) == len(block_hash) == used, "per-block state does not match the ids used"
         free = self._free[self._free_head :]
         free_set = set(free)
         assert len(free_set) == len(free), "a block is on the free list twice"
-        assert all(0 <= b < capacity for b in free_set), "a free-list entry is not a block id"
-        assert len(refs) == len(block_hash) == capacity
+        assert all(0 <= b < used for b in free_set), (
+            "a free-list entry is not a block id handed out"
+        )
+        assert all(0 <= b < used for b in lru), "an LRU entry is not a block id handed out"
         active = 0
-        for block in range(capacity):
+        for block in range(used):
             count = refs[block]
             assert count >= 0, f"block {block} has {count} references"
             on_free, on_lru = block in free_set, block in lru
@@ -343,24 +374,27 @@ class BlockPool:
                 assert block_hash[block] is not None, f"inactive block {block} has no hash"
         assert active == self.num_active, "free + inactive + active blocks != capacity"
         indexed = list(self._by_hash.values())
+        for copies in self._extra_copies.values():
+            indexed += copies
+        assert all(0 <= b < used for b in indexed), "the hash index lists a block never handed out"
         for h, block in self._by_hash.items():
             assert block_hash[block] == h, f"hash index points {h} at block {block}"
         for h, copies in self._extra_copies.items():
             assert copies and h in self._by_hash, "extra copies without a first copy"
             for block in copies:
                 assert block_hash[block] == h, f"extra copy {block} of {h} carries another hash"
-            indexed += copies
-        named = [b for b in range(capacity) if block_hash[b] not in (None, UNNAMED)]
+        named = [b for b in range(used) if block_hash[b] not in (None, UNNAMED)]
         assert len(set(indexed)) == len(indexed), "a block is indexed twice"
         assert set(indexed) == set(named), "hash index and block hashes disagree"
         if tables is None:
             return
-        counted = [0] * capacity
+        counted = [0] * used
         for table in tables:
             assert len(set(table)) == len(table), f"a block table lists a block twice: {table}"
             for block in table:
+                assert 0 <= block < used, f"a block table lists block {block}, never handed out"
                 counted[block] += 1
-        for block in range(capacity):
+        for block in range(used):
             assert refs[block] == counted[block], (
                 f"block {block}: {refs[block]} references recorded, {counted[block]} tables hold it"
             )
