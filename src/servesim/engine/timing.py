@@ -13,7 +13,6 @@ reference does (:func:`pass_duration`).
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from typing import Protocol
 
 import numpy as np
@@ -87,9 +86,24 @@ class PolynomialTiming:
         """See :class:`TimingModel`; the same operations as :meth:`decode_ms`, element-wise."""
         if not self._total:
             return np.full(passes, max(-25.74 + 54.01 + 5.74, 1.0))
-        totals = np.arange(passes, dtype=np.float64) * batch + first_total
-        p = np.minimum(totals / self._total, 1.0)
-        return np.maximum(-25.74 * (p * p) + 54.01 * p + 5.74, 1.0)
+        if batch < 1 or first_total < 0:
+            totals = np.arange(passes, dtype=np.float64) * batch + first_total
+            p = np.minimum(totals / self._total, 1.0)
+            return np.maximum(-25.74 * (p * p) + 54.01 * p + 5.74, 1.0)
+        # The operations of decode_ms, in its order, in as few numpy calls as they take
+        # (their per-call cost dominates: windows are short). The totals are integers
+        # below 2^53, so arange's start + i * step is exact, as the products were.
+        p = np.arange(first_total, first_total + passes * batch, batch, dtype=np.float64)
+        p /= self._total
+        if first_total + (passes - 1) * batch > self._total:
+            np.minimum(p, 1.0, out=p)
+        ms: np.ndarray = p * p
+        ms *= -25.74
+        p *= 54.01
+        ms += p
+        ms += 5.74
+        # p is in [0, 1], where the polynomial is at least 5.74: the 1 ms floor never binds.
+        return ms
 
 
 class InterpolatedTiming:
@@ -186,8 +200,22 @@ def pass_duration(ms: float, divisor: float = 1.0) -> float:
 def _round_ns(seconds: float) -> int:
     scaled = seconds * 1e9
     if abs(scaled - math.floor(scaled) - 0.5) < _NEAR_HALF:
-        return round(Fraction(seconds) * 1_000_000_000)
+        return _exact_ns(seconds)
     return math.floor(scaled + 0.5)
+
+
+def _exact_ns(seconds: float) -> int:
+    """``seconds`` in whole nanoseconds, rounded on the float's exact value (half to even).
+
+    What ``round(Fraction(seconds) * 10**9)`` gives, in integer arithmetic
+    (a tenth of its cost: windows meet a few such values each).
+    """
+    num, den = seconds.as_integer_ratio()
+    whole, rest = divmod(num * 1_000_000_000, den)
+    twice = 2 * rest
+    if twice > den or (twice == den and whole & 1):
+        return whole + 1
+    return whole
 
 
 def _seconds(ns: int) -> float:
@@ -196,23 +224,44 @@ def _seconds(ns: int) -> float:
 
 
 def pass_durations(ms: np.ndarray, divisor: float = 1.0) -> np.ndarray:
-    """:func:`pass_duration` element-wise, with the same float operations."""
+    """:func:`pass_duration` element-wise, with the same float operations.
+
+    Whole nanoseconds are carried as float64 (exact below 2^53 ns, about 104
+    days); this runs once per fast-forward window, so it avoids numpy calls
+    where it can (see :func:`_seconds_array`).
+    """
     ns = _round_ns_array(ms / 1000.0)
     if divisor != 1.0:
         ns = _round_ns_array(_seconds_array(ns) / divisor)
-    return _seconds_array(ns) * 1000.0
+    out = _seconds_array(ns)
+    out *= 1000.0
+    return out
 
 
 def _round_ns_array(seconds: np.ndarray) -> np.ndarray:
+    """:func:`_round_ns` element-wise: whole nanoseconds, as float64."""
     scaled = seconds * 1e9
-    ns = np.floor(scaled + 0.5).astype(np.int64)
-    for i in np.flatnonzero(np.abs(scaled - np.floor(scaled) - 0.5) < _NEAR_HALF):
-        ns[i] = round(Fraction(float(seconds[i])) * 1_000_000_000)
+    near = scaled - np.floor(scaled)
+    near -= 0.5
+    np.abs(near, out=near)
+    exact = (near < _NEAR_HALF).nonzero()[0]  # flatnonzero, without its overhead
+    ns = scaled
+    ns += 0.5
+    np.floor(ns, out=ns)
+    for i in exact:
+        ns[i] = _exact_ns(float(seconds[i]))
     return ns
 
 
 def _seconds_array(ns: np.ndarray) -> np.ndarray:
-    whole, sub_ns = np.divmod(ns, 1_000_000_000)
+    """:func:`_seconds` element-wise, from whole nanoseconds held as float64.
+
+    Below one second (every decode step) the whole part is 0 and
+    ``0.0 + ns / 1e9`` is ``ns / 1e9`` exactly: the integer split is skipped.
+    """
+    if len(ns) and ns.min() >= 0.0 and ns.max() < 1e9:
+        return ns / 1e9
+    whole, sub_ns = np.divmod(ns.astype(np.int64), 1_000_000_000)
     return whole.astype(np.float64) + sub_ns / 1e9
 
 
