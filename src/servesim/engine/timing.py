@@ -12,7 +12,9 @@ reference does (:func:`pass_duration`).
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from typing import Protocol
 
 import numpy as np
@@ -270,11 +272,46 @@ _NEAR_HALF = 1e-3
 
 
 def make_timing(config: EngineConfig) -> TimingModel:
-    """The timing model an engine config asks for."""
+    """The timing model an engine config asks for (a measured profile's is shared, see below)."""
     tm = config.timing_model
     if tm.type == "interpolated":
         assert tm.path is not None
-        return InterpolatedTiming(tm.path, config.speedup_ratio, config.decode_speedup_ratio)
+        return shared_profile_timing(tm.path, config.speedup_ratio, config.decode_speedup_ratio)
     return PolynomialTiming(
         config.total_kv_tokens, config.speedup_ratio, config.decode_speedup_ratio
     )
+
+
+def shared_profile_timing(path: str, speedup: float, decode_speedup: float) -> InterpolatedTiming:
+    """The :class:`InterpolatedTiming` of a profile file, read once per version of the file.
+
+    Every worker builds its own timing model, and reading a profile takes
+    milliseconds and holds its arrays: 10,000 workers would read it 10,000
+    times. The model is immutable (its arrays are made read-only), so every
+    worker asking for the same file and speed-ups gets the same one. The
+    file's modification time and size are part of the key: a profile
+    rewritten between runs is read again. (Building the model once per pool
+    and handing it to the workers would need no cache; workers build their
+    own today.)
+
+    Raises:
+        ConfigError: the file cannot be read or is not a valid profile.
+    """
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"timing profile {path}: cannot load ({exc})") from None
+    return _profile_timing(
+        path, os.path.abspath(path), stat.st_mtime_ns, stat.st_size, speedup, decode_speedup
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _profile_timing(
+    path: str, _where: str, _mtime_ns: int, _size: int, speedup: float, decode_speedup: float
+) -> InterpolatedTiming:
+    """Cached by every argument (failures are not cached: they raise)."""
+    timing = InterpolatedTiming(path, speedup, decode_speedup)
+    for array in (timing._pre_x, timing._pre_t, timing._kv, timing._ctx, timing._itl):
+        array.flags.writeable = False
+    return timing
