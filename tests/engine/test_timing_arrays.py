@@ -9,12 +9,19 @@ difference would move a pass end, so they are compared bit for bit.
 from __future__ import annotations
 
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from servesim.engine.timing import PolynomialTiming, _exact_ns, pass_duration, pass_durations
+from servesim.engine.timing import (
+    InterpolatedTiming,
+    PolynomialTiming,
+    _exact_ns,
+    pass_duration,
+    pass_durations,
+)
 
 # Durations in ms: ordinary decode steps, values on or a hair off half a
 # nanosecond (where the exact value decides the rounding), and passes of a
@@ -78,6 +85,28 @@ def test_decode_series_is_decode_ms_step_by_step(
     series = timing.decode_series(batch, first_total, passes).tolist()
     expected = [
         timing.decode_ms(batch, first_total + j * batch, (first_total + j * batch) // batch)
+        for j in range(passes)
+    ]
+    assert series == expected
+
+
+PROFILE = InterpolatedTiming(
+    str(Path(__file__).parent.parent / "data" / "h200_llama31_8b_fp8_tp1.npz"), 1.0, 1.0
+)
+
+
+@given(
+    st.integers(1, 300),
+    st.one_of(st.integers(0, 20_000), st.integers(0, 2_000_000), st.integers(0, 10**9)),
+    st.integers(1, 400),
+)
+def test_profile_decode_series_is_decode_ms_step_by_step(
+    batch: int, first_total: int, passes: int
+) -> None:
+    """The bilinear lookups, vectorised, inside the profile's axes and extrapolated beyond them."""
+    series = PROFILE.decode_series(batch, first_total, passes).tolist()
+    expected = [
+        PROFILE.decode_ms(batch, first_total + j * batch, (first_total + j * batch) // batch)
         for j in range(passes)
     ]
     assert series == expected

@@ -159,11 +159,20 @@ class InterpolatedTiming:
         return max(float(top + (bottom - top) * fi), 1.0)
 
     def decode_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
-        """See :class:`TimingModel` (one bilinear lookup per step)."""
-        totals = range(first_total, first_total + passes * batch, batch)
-        return np.fromiter(
-            (self.decode_ms(batch, t, t // batch) for t in totals), np.float64, passes
-        )
+        """See :class:`TimingModel`: :meth:`decode_ms`'s float operations, element-wise."""
+        if batch < 1:  # not a decode batch; step by step, as the per-pass path would
+            totals_ = range(first_total, first_total + passes * batch, batch)
+            return np.fromiter(
+                (self.decode_ms(batch, t, t // batch) for t in totals_), np.float64, passes
+            )
+        totals = np.arange(first_total, first_total + passes * batch, batch, dtype=np.int64)
+        i, fi = _segments(self._kv, totals.astype(np.float64))
+        j, fj = _segments(self._ctx, (totals // batch).astype(np.float64))
+        g = self._itl
+        top = g[i, j] + (g[i, j + 1] - g[i, j]) * fj
+        bottom = g[i + 1, j] + (g[i + 1, j + 1] - g[i + 1, j]) * fj
+        ms: np.ndarray = np.maximum(top + (bottom - top) * fi, 1.0)
+        return ms
 
 
 def _segment(axis: np.ndarray, x: float) -> tuple[int, float]:
@@ -172,6 +181,17 @@ def _segment(axis: np.ndarray, x: float) -> tuple[int, float]:
     i = min(max(i, 0), axis.size - 2)
     lo, hi = float(axis[i]), float(axis[i + 1])
     return i, (x - lo) / (hi - lo) if hi != lo else 0.0
+
+
+def _segments(axis: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_segment` element-wise."""
+    i = np.searchsorted(axis, xs, side="right") - 1
+    np.clip(i, 0, axis.size - 2, out=i)
+    lo, hi = axis[i], axis[i + 1]
+    width = hi - lo
+    fraction = np.zeros_like(xs)
+    np.divide(xs - lo, width, out=fraction, where=hi != lo)
+    return i, fraction
 
 
 def _interp1(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
