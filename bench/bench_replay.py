@@ -212,8 +212,32 @@ def measure(argv: list[str], stats_path: Path, report_path: Path) -> Run:
     return Run(stats["wall_s"], stats["maxrss_kb"] * 1024 / 1e6, summary)
 
 
+def cut_trace(scenario: Path, out_dir: Path) -> Path:
+    """The scenario as servesim must be given it: a ``max_requests`` trace cut to a file.
+
+    ``refcheck.py reference`` cuts the trace itself, but ``refcheck.py argv``
+    puts the whole trace on servesim's command line (servesim has no flag for
+    it), so without this servesim would replay every request of the trace.
+    """
+    sc = json.loads(scenario.read_text())
+    limit = sc.pop("max_requests", None)
+    if limit is None or "trace" not in sc:
+        return scenario
+    cut = out_dir / "trace.jsonl"
+    with open(sc["trace"]) as fin, open(cut, "w") as fout:
+        for n, line in enumerate(fin):
+            if n >= limit:
+                break
+            fout.write(line)
+    sc["trace"] = str(cut)
+    path = out_dir / "scenario.servesim.json"
+    path.write_text(json.dumps(sc, indent=1))
+    return path
+
+
 def run_servesim(cmd: str, scenario: Path, out_dir: Path) -> Run:
     report = out_dir / "servesim.json"
+    scenario = cut_trace(scenario, out_dir)
     printed = subprocess.run(
         [sys.executable, str(REFCHECK), "argv", str(scenario), str(report), "--servesim", cmd],
         check=True,
@@ -288,6 +312,10 @@ def run_benchmark(name: str, args: argparse.Namespace, out_root: Path) -> str:
     if ref:
         print_run("reference", ref)
         print(f"ratio servesim/reference (process wall): {ours.wall_s / ref.wall_s:.2f}")
+        if ours.summary.get("completed_requests") != ref.summary.get("completed_requests"):
+            print(
+                "WARNING: the simulators completed different request counts: not the same workload"
+            )
     print_metrics(ours, ref)
     return table_row(title, ours, ref)
 

@@ -75,6 +75,68 @@ def test_prefix_reuse_pins_inactive_copies_without_using_free_blocks() -> None:
     pool.check()
 
 
+def test_recycled_blocks_follow_the_ids_never_used() -> None:
+    """The free list is every id not yet used, in order, then released blocks in release order."""
+    pool, _ = make_pool(8)
+    first: list[int] = []
+    pool.allocate(first, [], 3)
+    pool.release(first)  # private blocks: to the free list's tail, last block first
+    assert pool.num_free == 8
+    second: list[int] = []
+    assert pool.allocate(second, [], 7)
+    assert second == [3, 4, 5, 6, 7, 2, 1]
+    assert pool.num_free == 1
+    pool.check([second])
+
+
+def test_per_block_state_grows_with_the_blocks_used_not_the_capacity() -> None:
+    """A large, little-used pool keeps state for the blocks handed out only."""
+    pool, _ = make_pool(1 << 20)
+    table: list[int] = []
+    pool.allocate(table, [], 3)
+    pool.release(table)
+    assert pool.allocate(table, [], 2)
+    assert table == [3, 4]
+    assert len(pool._refs) == len(pool._hash) == 5
+    assert pool.num_free == (1 << 20) - 2
+    pool.check([table])
+
+
+def test_a_released_run_is_evicted_whole_or_in_part_oldest_first() -> None:
+    """A request's own computed blocks enter the LRU as one run, behind older entries;
+    an allocation takes the free blocks, then evicts from the LRU head, splitting the run."""
+    pool, events = make_pool(8)
+    named: list[int] = []
+    pool.allocate(named, [], 1)
+    pool.cache(named, [21], 0, 1)
+    own: list[int] = []
+    pool.allocate(own, [], 5)
+    pool.release(named)  # block 0 (hash 21) becomes inactive first
+    pool.release(own, 0, 3)  # blocks 1-3 computed: one run; blocks 4, 5 private: freed
+    assert pool.lru_order() == [0, 3, 2, 1]  # last block first, as blocks are released
+    assert pool.num_inactive == 4 and pool.num_free == 4
+    taken: list[int] = []
+    assert pool.allocate(taken, [], 6)  # 6, 7, then freed 5, 4, then evict 0 and run block 3
+    assert taken == [6, 7, 5, 4, 0, 3]
+    assert pool.lru_order() == [2, 1] and events[-1] == KvRemoved((21,))
+    pool.check([taken])
+
+
+def test_check_catches_a_free_list_entry_never_handed_out() -> None:
+    """An id beyond those handed out is free by construction: listing it again would give it out twice."""
+    pool, _, _ = shared_prefix_state()
+    pool._free.append(5)  # ids 4 and 5 have never been handed out
+    with pytest.raises(AssertionError, match="not a block id handed out"):
+        pool.check()
+
+
+def test_check_catches_a_table_listing_a_block_never_handed_out() -> None:
+    """A table cannot hold a block the pool never gave out."""
+    pool, a, b = shared_prefix_state()
+    with pytest.raises(AssertionError, match="lists block 4, never handed out"):
+        pool.check([a, [*b, 4]])
+
+
 def test_allocation_that_cannot_fit_changes_nothing() -> None:
     """Not fitting is a return value, and the pool is left exactly as it was."""
     pool, _ = make_pool(3)

@@ -15,11 +15,14 @@ reference's (docs/reference-differences.md), so times are compared to 1e-6 ms
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from servesim import EngineConfig, Report, RunConfig, Sla, run
 from servesim.metrics.collector import RequestRecord, latencies
@@ -307,3 +310,40 @@ def test_gap_sketch_of_nothing_and_of_one_value() -> None:
     one = GapSketch()
     one.add(5.25)
     assert one.describe() == {**dict.fromkeys(STAT_NAMES, 5.25), "std": 0.0}
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(
+        st.lists(
+            st.one_of(
+                st.floats(0.0, 1e-300),  # the zero bucket
+                st.floats(1.0, 100.0),  # ordinary gaps: a few thousand buckets
+                st.floats(1e-100, 1e100),  # scattered over many decades (sorted instead)
+            ),
+            min_size=1,
+            max_size=30,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.integers(1, 5),
+)
+def test_gap_sketch_folds_every_sample_into_its_bucket(
+    batches: list[list[float]], weight: int
+) -> None:
+    """Folded batches count each sample ``weight`` times in bucket ceil(ln v / ln gamma)."""
+    sketch = GapSketch()
+    expected: Counter[int] = Counter()
+    zeros = 0
+    for batch in batches:
+        sketch.add_many(np.array(batch), weight=weight)
+        values = np.array(batch)
+        indexable = values >= sketch._min_indexable
+        zeros += weight * int((~indexable).sum())
+        keys = np.ceil(np.log(values[indexable]) * sketch._inv_ln_gamma).astype(np.int64)
+        for key in keys.tolist():
+            expected[key] += weight
+    sketch.describe()  # folds what is pending
+    assert sketch._buckets == dict(expected)
+    assert (sketch.zeros, sketch.count) == (zeros, weight * sum(map(len, batches)))

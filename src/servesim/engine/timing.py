@@ -12,8 +12,9 @@ reference does (:func:`pass_duration`).
 
 from __future__ import annotations
 
+import functools
 import math
-from fractions import Fraction
+import os
 from typing import Protocol
 
 import numpy as np
@@ -87,9 +88,24 @@ class PolynomialTiming:
         """See :class:`TimingModel`; the same operations as :meth:`decode_ms`, element-wise."""
         if not self._total:
             return np.full(passes, max(-25.74 + 54.01 + 5.74, 1.0))
-        totals = np.arange(passes, dtype=np.float64) * batch + first_total
-        p = np.minimum(totals / self._total, 1.0)
-        return np.maximum(-25.74 * (p * p) + 54.01 * p + 5.74, 1.0)
+        if batch < 1 or first_total < 0:
+            totals = np.arange(passes, dtype=np.float64) * batch + first_total
+            p = np.minimum(totals / self._total, 1.0)
+            return np.maximum(-25.74 * (p * p) + 54.01 * p + 5.74, 1.0)
+        # The operations of decode_ms, in its order, in as few numpy calls as they take
+        # (their per-call cost dominates: windows are short). The totals are integers
+        # below 2^53, so arange's start + i * step is exact, as the products were.
+        p = np.arange(first_total, first_total + passes * batch, batch, dtype=np.float64)
+        p /= self._total
+        if first_total + (passes - 1) * batch > self._total:
+            np.minimum(p, 1.0, out=p)
+        ms: np.ndarray = p * p
+        ms *= -25.74
+        p *= 54.01
+        ms += p
+        ms += 5.74
+        # p is in [0, 1], where the polynomial is at least 5.74: the 1 ms floor never binds.
+        return ms
 
 
 class InterpolatedTiming:
@@ -143,11 +159,20 @@ class InterpolatedTiming:
         return max(float(top + (bottom - top) * fi), 1.0)
 
     def decode_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
-        """See :class:`TimingModel` (one bilinear lookup per step)."""
-        totals = range(first_total, first_total + passes * batch, batch)
-        return np.fromiter(
-            (self.decode_ms(batch, t, t // batch) for t in totals), np.float64, passes
-        )
+        """See :class:`TimingModel`: :meth:`decode_ms`'s float operations, element-wise."""
+        if batch < 1:  # not a decode batch; step by step, as the per-pass path would
+            totals_ = range(first_total, first_total + passes * batch, batch)
+            return np.fromiter(
+                (self.decode_ms(batch, t, t // batch) for t in totals_), np.float64, passes
+            )
+        totals = np.arange(first_total, first_total + passes * batch, batch, dtype=np.int64)
+        i, fi = _segments(self._kv, totals.astype(np.float64))
+        j, fj = _segments(self._ctx, (totals // batch).astype(np.float64))
+        g = self._itl
+        top = g[i, j] + (g[i, j + 1] - g[i, j]) * fj
+        bottom = g[i + 1, j] + (g[i + 1, j + 1] - g[i + 1, j]) * fj
+        ms: np.ndarray = np.maximum(top + (bottom - top) * fi, 1.0)
+        return ms
 
 
 def _segment(axis: np.ndarray, x: float) -> tuple[int, float]:
@@ -156,6 +181,17 @@ def _segment(axis: np.ndarray, x: float) -> tuple[int, float]:
     i = min(max(i, 0), axis.size - 2)
     lo, hi = float(axis[i]), float(axis[i + 1])
     return i, (x - lo) / (hi - lo) if hi != lo else 0.0
+
+
+def _segments(axis: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_segment` element-wise."""
+    i = np.searchsorted(axis, xs, side="right") - 1
+    np.clip(i, 0, axis.size - 2, out=i)
+    lo, hi = axis[i], axis[i + 1]
+    width = hi - lo
+    fraction = np.zeros_like(xs)
+    np.divide(xs - lo, width, out=fraction, where=hi != lo)
+    return i, fraction
 
 
 def _interp1(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
@@ -186,8 +222,22 @@ def pass_duration(ms: float, divisor: float = 1.0) -> float:
 def _round_ns(seconds: float) -> int:
     scaled = seconds * 1e9
     if abs(scaled - math.floor(scaled) - 0.5) < _NEAR_HALF:
-        return round(Fraction(seconds) * 1_000_000_000)
+        return _exact_ns(seconds)
     return math.floor(scaled + 0.5)
+
+
+def _exact_ns(seconds: float) -> int:
+    """``seconds`` in whole nanoseconds, rounded on the float's exact value (half to even).
+
+    What ``round(Fraction(seconds) * 10**9)`` gives, in integer arithmetic
+    (a tenth of its cost: windows meet a few such values each).
+    """
+    num, den = seconds.as_integer_ratio()
+    whole, rest = divmod(num * 1_000_000_000, den)
+    twice = 2 * rest
+    if twice > den or (twice == den and whole & 1):
+        return whole + 1
+    return whole
 
 
 def _seconds(ns: int) -> float:
@@ -196,23 +246,44 @@ def _seconds(ns: int) -> float:
 
 
 def pass_durations(ms: np.ndarray, divisor: float = 1.0) -> np.ndarray:
-    """:func:`pass_duration` element-wise, with the same float operations."""
+    """:func:`pass_duration` element-wise, with the same float operations.
+
+    Whole nanoseconds are carried as float64 (exact below 2^53 ns, about 104
+    days); this runs once per fast-forward window, so it avoids numpy calls
+    where it can (see :func:`_seconds_array`).
+    """
     ns = _round_ns_array(ms / 1000.0)
     if divisor != 1.0:
         ns = _round_ns_array(_seconds_array(ns) / divisor)
-    return _seconds_array(ns) * 1000.0
+    out = _seconds_array(ns)
+    out *= 1000.0
+    return out
 
 
 def _round_ns_array(seconds: np.ndarray) -> np.ndarray:
+    """:func:`_round_ns` element-wise: whole nanoseconds, as float64."""
     scaled = seconds * 1e9
-    ns = np.floor(scaled + 0.5).astype(np.int64)
-    for i in np.flatnonzero(np.abs(scaled - np.floor(scaled) - 0.5) < _NEAR_HALF):
-        ns[i] = round(Fraction(float(seconds[i])) * 1_000_000_000)
+    near = scaled - np.floor(scaled)
+    near -= 0.5
+    np.abs(near, out=near)
+    exact = (near < _NEAR_HALF).nonzero()[0]  # flatnonzero, without its overhead
+    ns = scaled
+    ns += 0.5
+    np.floor(ns, out=ns)
+    for i in exact:
+        ns[i] = _exact_ns(float(seconds[i]))
     return ns
 
 
 def _seconds_array(ns: np.ndarray) -> np.ndarray:
-    whole, sub_ns = np.divmod(ns, 1_000_000_000)
+    """:func:`_seconds` element-wise, from whole nanoseconds held as float64.
+
+    Below one second (every decode step) the whole part is 0 and
+    ``0.0 + ns / 1e9`` is ``ns / 1e9`` exactly: the integer split is skipped.
+    """
+    if len(ns) and ns.min() >= 0.0 and ns.max() < 1e9:
+        return ns / 1e9
+    whole, sub_ns = np.divmod(ns.astype(np.int64), 1_000_000_000)
     return whole.astype(np.float64) + sub_ns / 1e9
 
 
@@ -221,11 +292,46 @@ _NEAR_HALF = 1e-3
 
 
 def make_timing(config: EngineConfig) -> TimingModel:
-    """The timing model an engine config asks for."""
+    """The timing model an engine config asks for (a measured profile's is shared, see below)."""
     tm = config.timing_model
     if tm.type == "interpolated":
         assert tm.path is not None
-        return InterpolatedTiming(tm.path, config.speedup_ratio, config.decode_speedup_ratio)
+        return shared_profile_timing(tm.path, config.speedup_ratio, config.decode_speedup_ratio)
     return PolynomialTiming(
         config.total_kv_tokens, config.speedup_ratio, config.decode_speedup_ratio
     )
+
+
+def shared_profile_timing(path: str, speedup: float, decode_speedup: float) -> InterpolatedTiming:
+    """The :class:`InterpolatedTiming` of a profile file, read once per version of the file.
+
+    Every worker builds its own timing model, and reading a profile takes
+    milliseconds and holds its arrays: 10,000 workers would read it 10,000
+    times. The model is immutable (its arrays are made read-only), so every
+    worker asking for the same file and speed-ups gets the same one. The
+    file's modification time and size are part of the key: a profile
+    rewritten between runs is read again. (Building the model once per pool
+    and handing it to the workers would need no cache; workers build their
+    own today.)
+
+    Raises:
+        ConfigError: the file cannot be read or is not a valid profile.
+    """
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"timing profile {path}: cannot load ({exc})") from None
+    return _profile_timing(
+        path, os.path.abspath(path), stat.st_mtime_ns, stat.st_size, speedup, decode_speedup
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _profile_timing(
+    path: str, _where: str, _mtime_ns: int, _size: int, speedup: float, decode_speedup: float
+) -> InterpolatedTiming:
+    """Cached by every argument (failures are not cached: they raise)."""
+    timing = InterpolatedTiming(path, speedup, decode_speedup)
+    for array in (timing._pre_x, timing._pre_t, timing._kv, timing._ctx, timing._itl):
+        array.flags.writeable = False
+    return timing

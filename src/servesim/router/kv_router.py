@@ -21,6 +21,11 @@ until its prefill completes; its blocks are active on the target until it
 ends. With ``router_assume_kv_reuse`` a block shared by two active requests
 on a target counts once (blocks no other request shares are counted, not
 hashed); otherwise every request's blocks count.
+
+Every target is priced for every request, so the per-target loads are
+arrays and :meth:`KvRouter.select` prices all targets in a few numpy
+operations, each the same float operation :meth:`KvRouter.cost` does for
+one target (a test holds the two equal bit for bit).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+
+import numpy as np
 
 from servesim.config import RouterConfig
 from servesim.router.indexer import KvIndexer
@@ -62,14 +69,6 @@ class Placement:
 
 
 @dataclass(slots=True)
-class _Load:
-    prefill_tokens: int = 0
-    unique_blocks: int = 0
-    requests: int = 0
-    shared: dict[int, int] | None = None  # hash -> active requests holding it
-
-
-@dataclass(slots=True)
 class _Active:
     target: int
     prefill_tokens: int
@@ -93,9 +92,17 @@ class KvRouter:
         self.block_size = block_size
         self.indexer = indexer
         self._rng = rng
-        self._loads = [
-            _Load(shared={} if config.router_assume_kv_reuse else None) for _ in range(targets)
-        ]
+        # Per target: uncached prompt tokens whose prefill has not completed, active
+        # blocks no other request shares, active requests, and (with
+        # router_assume_kv_reuse) active shared hash -> requests holding it, and how
+        # many such hashes.
+        self._prefill = np.zeros(targets, dtype=np.int64)
+        self._unique = np.zeros(targets, dtype=np.int64)
+        self._requests = np.zeros(targets, dtype=np.int64)
+        self._shared: list[dict[int, int]] | None = (
+            [{} for _ in range(targets)] if config.router_assume_kv_reuse else None
+        )
+        self._shared_count = np.zeros(targets, dtype=np.int64)
         self._active: dict[int, _Active] = {}
         # Shared hash -> bit mask of the targets where it is active, so a request finds
         # its blocks already active per target in one pass over its hashes.
@@ -104,7 +111,7 @@ class KvRouter:
     @property
     def targets(self) -> int:
         """How many targets it chooses among."""
-        return len(self._loads)
+        return len(self._prefill)
 
     def overlaps(self, request: RouteRequest) -> dict[int, int]:
         """Cached leading blocks of the request on each target that holds any."""
@@ -112,7 +119,11 @@ class KvRouter:
 
     def prefill_tokens(self, target: int) -> int:
         """Uncached prompt tokens routed to ``target`` whose prefill has not completed."""
-        return self._loads[target].prefill_tokens
+        return int(self._prefill[target])
+
+    def all_loaded_beyond(self, limit: float) -> bool:
+        """Whether every target's :meth:`prefill_tokens` exceeds ``limit``."""
+        return bool((self._prefill > limit).all())
 
     def select(
         self,
@@ -132,12 +143,7 @@ class KvRouter:
         if preferred is not None:
             target = preferred
         else:
-            active = self._already_active(request)
-            costs = [
-                self.cost(request, t, overlaps.get(t, 0), already_active=active.get(t, 0))
-                for t in range(len(self._loads))
-            ]
-            target = self._choose(costs)
+            target = self._choose(self._costs(request, overlaps, self._already_active(request)))
         return Placement(
             target=target,
             overlap_blocks=overlaps.get(target, 0),
@@ -152,52 +158,99 @@ class KvRouter:
         ``already_active``: how many of the request's blocks are active on the
         target (worked out when not given).
         """
-        config, load, bs = self.config, self._loads[target], self.block_size
+        config, bs = self.config, self.block_size
+        tokens = int(self._prefill[target])
         prefill = 0.0
         decay = 1.0
         if config.router_track_prefill_tokens:
-            prefill = (load.prefill_tokens + request.isl) / bs
+            prefill = (tokens + request.isl) / bs
             if config.overlap_score_credit_decay > 0:
-                least = min(other.prefill_tokens for other in self._loads)
-                excess = (load.prefill_tokens - least) / bs
+                excess = (tokens - int(self._prefill.min())) / bs
                 decay = 1.0 / (
                     1.0 + config.overlap_score_credit_decay * excess / max(request.blocks, 1)
                 )
         credit = config.overlap_score_credit * decay * overlap
-        decode = self._decode_blocks(request, load, already_active)
+        decode = self._decode_blocks(request, target, already_active)
         return (
             config.prefill_load_scale * max(0.0, prefill - credit)
             + decode
-            + config.decode_active_request_weight * load.requests
+            + config.decode_active_request_weight * int(self._requests[target])
         )
+
+    def _costs(
+        self, request: RouteRequest, overlaps: dict[int, int], active: dict[int, int]
+    ) -> np.ndarray:
+        """:meth:`cost` of every target, element-wise, with its float operations in its order.
+
+        Integer parts stay int64 (exact) until :meth:`cost` would make them float;
+        ints below 2^53 convert exactly, so each division and product rounds as
+        Python's does.
+        """
+        config, bs, targets = self.config, self.block_size, self.targets
+        overlap = np.zeros(targets)
+        if overlaps:
+            overlap[list(overlaps)] = list(overlaps.values())
+        prefill: np.ndarray | float = 0.0
+        decay: np.ndarray | float = 1.0
+        if config.router_track_prefill_tokens:
+            prefill = (self._prefill + request.isl) / bs
+            if config.overlap_score_credit_decay > 0:
+                excess = (self._prefill - self._prefill.min()) / bs
+                decay = 1.0 / (
+                    1.0 + config.overlap_score_credit_decay * excess / max(request.blocks, 1)
+                )
+        credit = config.overlap_score_credit * decay * overlap
+        uncredited = prefill - credit
+        # max(0.0, x) keeps 0.0 unless x > 0.0 (NaN and -0.0 included).
+        uncredited = np.where(uncredited > 0.0, uncredited, 0.0)
+        blocks = request.isl // bs
+        decode: np.ndarray | float
+        if not config.router_track_active_blocks:
+            decode = float(blocks)
+        elif self._shared is None:
+            decode = (self._unique + blocks).astype(np.float64)
+        else:
+            already = np.zeros(targets, dtype=np.int64)
+            if active:
+                already[list(active)] = list(active.values())
+            decode = (self._shared_count + self._unique + blocks - already).astype(np.float64)
+        costs: np.ndarray = (
+            config.prefill_load_scale * uncredited
+            + decode
+            + config.decode_active_request_weight * self._requests
+        )
+        return costs
 
     def add(self, request: RouteRequest, placement: Placement) -> None:
         """The request was placed: load its target until its prefill completes and it ends."""
-        load = self._loads[placement.target]
+        target = placement.target
         cached = min(placement.overlap_blocks * self.block_size, request.isl)
         prefill_tokens = request.isl - cached if self.config.router_track_prefill_tokens else 0
-        load.prefill_tokens += prefill_tokens
-        load.requests += 1
+        self._prefill[target] += prefill_tokens
+        self._requests[target] += 1
         hashes: list[int] = []
         unique = 0
         if self.config.router_track_active_blocks:
-            hashes = request.hashes if load.shared is not None else []
+            shared = self._shared[target] if self._shared is not None else None
+            hashes = request.hashes if shared is not None else []
             unique = request.isl // self.block_size - len(hashes)
-            load.unique_blocks += unique
-            if load.shared is not None:
-                bit = 1 << placement.target
+            self._unique[target] += unique
+            if shared is not None:
+                bit = 1 << target
+                before = len(shared)
                 for h in hashes:
-                    held = load.shared.get(h, 0)
-                    load.shared[h] = held + 1
+                    held = shared.get(h, 0)
+                    shared[h] = held + 1
                     if not held:
                         self._active_on[h] = self._active_on.get(h, 0) | bit
-        self._active[request.uid] = _Active(placement.target, prefill_tokens, hashes, unique)
+                self._shared_count[target] += len(shared) - before
+        self._active[request.uid] = _Active(target, prefill_tokens, hashes, unique)
 
     def prefill_completed(self, uid: int) -> None:
         """The request's prefill is done: its prompt tokens no longer load the target."""
         active = self._active.get(uid)
         if active is not None and active.prefill_tokens:
-            self._loads[active.target].prefill_tokens -= active.prefill_tokens
+            self._prefill[active.target] -= active.prefill_tokens
             active.prefill_tokens = 0
 
     def free(self, uid: int) -> None:
@@ -205,36 +258,40 @@ class KvRouter:
         active = self._active.pop(uid, None)
         if active is None:
             return
-        load = self._loads[active.target]
-        load.prefill_tokens -= active.prefill_tokens
-        load.requests -= 1
-        load.unique_blocks -= active.unique_blocks
-        if load.shared is not None:
-            bit = 1 << active.target
+        target = active.target
+        self._prefill[target] -= active.prefill_tokens
+        self._requests[target] -= 1
+        self._unique[target] -= active.unique_blocks
+        if self._shared is not None:
+            shared = self._shared[target]
+            before = len(shared)
+            bit = 1 << target
             for h in active.hashes:
-                left = load.shared[h] - 1
+                left = shared[h] - 1
                 if left:
-                    load.shared[h] = left
+                    shared[h] = left
                     continue
-                del load.shared[h]
+                del shared[h]
                 mask = self._active_on[h] & ~bit
                 if mask:
                     self._active_on[h] = mask
                 else:
                     del self._active_on[h]
+            self._shared_count[target] -= before - len(shared)
 
     def _decode_blocks(
-        self, request: RouteRequest, load: _Load, already_active: int | None
+        self, request: RouteRequest, target: int, already_active: int | None
     ) -> float:
         blocks = request.isl // self.block_size
         if not self.config.router_track_active_blocks:
             return float(blocks)
-        shared = load.shared
-        if shared is None:
-            return float(load.unique_blocks + blocks)
+        unique = int(self._unique[target])
+        if self._shared is None:
+            return float(unique + blocks)
+        shared = self._shared[target]
         if already_active is None:
             already_active = sum(map(shared.__contains__, request.hashes))
-        return float(len(shared) + load.unique_blocks + blocks - already_active)
+        return float(len(shared) + unique + blocks - already_active)
 
     def _already_active(self, request: RouteRequest) -> dict[int, int]:
         """Per target, how many of the request's blocks are active there."""
@@ -249,15 +306,15 @@ class KvRouter:
                 mask ^= low
         return counts
 
-    def _choose(self, costs: list[float]) -> int:
+    def _choose(self, costs: np.ndarray) -> int:
         temperature = self.config.router_temperature
-        low = min(costs)
         if temperature <= 0:
-            best = [i for i, c in enumerate(costs) if c == low]
-            return best[0] if len(best) == 1 else self._rng.choice(best)
-        high = max(costs)
+            best = (costs == costs.min()).nonzero()[0]
+            return int(best[0]) if len(best) == 1 else self._rng.choice(best.tolist())
+        values = costs.tolist()
+        low, high = min(values), max(values)
         if high == low:
-            return self._rng.randrange(len(costs))
+            return self._rng.randrange(len(values))
         scale = (high - low) * temperature
-        weights = [math.exp(-(c - low) / scale) for c in costs]
-        return self._rng.choices(range(len(costs)), weights=weights)[0]
+        weights = [math.exp(-(c - low) / scale) for c in values]
+        return self._rng.choices(range(len(values)), weights=weights)[0]

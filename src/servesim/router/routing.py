@@ -175,5 +175,4 @@ class KvPolicy:
         )
 
     def _all_busy(self) -> bool:
-        limit = self._busy_tokens
-        return all(self.router.prefill_tokens(t) > limit for t in range(self.router.targets))
+        return self.router.all_loaded_beyond(self._busy_tokens)

@@ -271,16 +271,17 @@ class BlockPool:
         start = len(table) if exclusive_from is None else min(exclusive_from, len(table))
         if start < len(table):
             cached = max(start, min(cached_to, len(table)))
-            free += table[cached:]
+            free += table[: cached - 1 : -1] if cached else table[::-1]
             if cached > start:
+                run = table[cached - 1 : start - 1 : -1] if start else table[cached - 1 :: -1]
                 if lru:
-                    lru[self._next_run] = table[start:cached]
+                    lru[self._next_run] = run
                     self._next_run -= 1
                     self._inactive += cached - start
                 else:
                     # A run at an empty LRU's head would be the next taken after the free
                     # list, with no identity to lose: the free list's tail is the same place.
-                    free += table[start:cached]
+                    free += run
         inactive = 0
         for block in reversed(table[:start]):
             if block_hash[block] is None:
@@ -321,7 +322,9 @@ class BlockPool:
         free = self._free[self._free_head :]
         free_set = set(free)
         assert len(free_set) == len(free), "a block is on the free list twice"
-        assert all(0 <= b < handed for b in free_set), "a free-list entry is not a handed-out id"
+        assert all(0 <= b < handed for b in free_set), (
+            "a free-list entry is not a block id handed out"
+        )
         in_runs: list[BlockId] = []
         for key, run in lru.items():
             if run is None:
@@ -363,6 +366,7 @@ class BlockPool:
         for table in tables:
             assert len(set(table)) == len(table), f"a block table lists a block twice: {table}"
             for block in table:
+                assert 0 <= block < handed, f"a table lists block {block}, never handed out"
                 assert block not in free_set, f"block {block} is held by a table but is free"
                 assert block not in inactive, f"block {block} is held by a table but is inactive"
                 counted[block] += 1

@@ -1,0 +1,112 @@
+"""The vectorised timing paths agree with the per-pass ones to the last bit.
+
+A fast-forward window prices its passes with :func:`pass_durations` over
+:meth:`PolynomialTiming.decode_series`; pass-by-pass stepping uses
+:func:`pass_duration` over :meth:`PolynomialTiming.decode_ms`. Any last-bit
+difference would move a pass end, so they are compared bit for bit.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from servesim.engine.timing import (
+    InterpolatedTiming,
+    PolynomialTiming,
+    _exact_ns,
+    pass_duration,
+    pass_durations,
+)
+
+# Durations in ms: ordinary decode steps, values on or a hair off half a
+# nanosecond (where the exact value decides the rounding), and passes of a
+# second or more (whose whole seconds are split off).
+HALF_NS = st.integers(0, 10**10).map(lambda n: (n + 0.5) / 1e6)
+DURATIONS = st.one_of(
+    st.floats(0.0, 100.0),
+    HALF_NS,
+    HALF_NS.map(lambda ms: float(np.nextafter(ms, 0.0))),
+    HALF_NS.map(lambda ms: float(np.nextafter(ms, np.inf))),
+    st.floats(999.0, 5e6),
+)
+DIVISORS = st.sampled_from([1.0, 0.5, 1.5, 2.0, 3.0, 7.0])
+
+
+@given(
+    st.one_of(
+        st.floats(-1e6, 1e6),
+        HALF_NS.map(lambda ms: ms / 1000.0),
+        # Dyadic values: n / 2^k seconds times 10^9 is often exactly half a nanosecond.
+        st.builds(lambda n, k: n / 2.0**k, st.integers(-(2**30), 2**30), st.integers(0, 45)),
+    )
+)
+def test_exact_rounding_is_the_fractions_rounding(seconds: float) -> None:
+    """Integer rounding on the float's exact value equals Fraction's, ties to even included."""
+    assert _exact_ns(seconds) == round(Fraction(seconds) * 1_000_000_000)
+
+
+def test_exact_rounding_breaks_ties_to_even() -> None:
+    """1/1024 s is exactly 976,562.5 ns and 3/1024 s 2,929,687.5 ns: ties go to the even neighbour."""
+    assert _exact_ns(1 / 1024) == 976_562
+    assert _exact_ns(3 / 1024) == 2_929_688
+    assert _exact_ns(-1 / 1024) == -976_562
+
+
+@given(st.lists(DURATIONS, min_size=1, max_size=40), DIVISORS)
+def test_pass_durations_is_pass_duration_element_wise(ms: list[float], divisor: float) -> None:
+    """Every element rounds, divides and rounds again exactly as one pass does."""
+    got = pass_durations(np.array(ms), divisor).tolist()
+    assert got == [pass_duration(x, divisor) for x in ms]
+
+
+def test_pass_durations_on_exact_half_nanoseconds() -> None:
+    """Exact halves round by their exact value, below and above one second."""
+    ms = np.array([0.0000005, 0.0000015, 6.6666665, 1000.0000005, 2.5e-7, 3.0])
+    assert pass_durations(ms).tolist() == [pass_duration(x) for x in ms]
+    assert pass_durations(ms, 3.0).tolist() == [pass_duration(x, 3.0) for x in ms]
+
+
+@given(
+    st.integers(1, 64),
+    st.integers(0, 3_000_000),
+    st.integers(2, 300),
+    st.sampled_from([0, 1000, 1 << 20, 1_048_576 * 3 + 7]),
+)
+def test_decode_series_is_decode_ms_step_by_step(
+    batch: int, first_total: int, passes: int, capacity: int
+) -> None:
+    """Step j prices first_total + j * batch tokens, to the last bit (full pool clamped)."""
+    timing = PolynomialTiming(capacity, 1.0, 1.0)
+    series = timing.decode_series(batch, first_total, passes).tolist()
+    expected = [
+        timing.decode_ms(batch, first_total + j * batch, (first_total + j * batch) // batch)
+        for j in range(passes)
+    ]
+    assert series == expected
+
+
+PROFILE = InterpolatedTiming(
+    str(Path(__file__).parent.parent / "data" / "h200_llama31_8b_fp8_tp1.npz"), 1.0, 1.0
+)
+
+
+@given(
+    st.integers(1, 300),
+    st.one_of(st.integers(0, 20_000), st.integers(0, 2_000_000), st.integers(0, 10**9)),
+    st.integers(1, 400),
+)
+def test_profile_decode_series_is_decode_ms_step_by_step(
+    batch: int, first_total: int, passes: int
+) -> None:
+    """The bilinear lookups, vectorised, inside the profile's axes and extrapolated beyond them."""
+    series = PROFILE.decode_series(batch, first_total, passes).tolist()
+    expected = [
+        PROFILE.decode_ms(batch, first_total + j * batch, (first_total + j * batch) // batch)
+        for j in range(passes)
+    ]
+    assert series == expected
