@@ -122,6 +122,9 @@ class Ledger:
     def deliver_tokens(self, outputs: PassOutputs, now: float) -> None:
         """Client-visible tokens of a pass (or window) that ended at ``now``."""
         records, collector = self._records, self.collector
+        for requests, at in outputs.seconds:
+            for request in requests:
+                collector.on_second_token(records[request.uid], now if at is None else at)
         for request, tokens, last_ms in outputs.catch_ups:
             collector.on_catch_up(records[request.uid], tokens, last_ms)
         for prev_end, count, times in outputs.cohorts:

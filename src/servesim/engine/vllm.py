@@ -73,6 +73,7 @@ class PassResult:
         preempted: requests preempted (sent back to waiting) in this pass.
         progressed: whether the pass scheduled, emitted, finished or rejected anything.
         cohort_tokens: decode-cohort members that emitted one token (not in ``emitted``).
+        seconds: the members among them for which it was their second token on this rank.
         cohort_prev_end: when those members' previous token was stamped (the rank's
             previous pass end).
     """
@@ -85,6 +86,7 @@ class PassResult:
     preempted: list[EngineRequest] = field(default_factory=list)
     progressed: bool = False
     cohort_tokens: int = 0
+    seconds: list[EngineRequest] = field(default_factory=list)
     cohort_prev_end: float = 0.0
 
 
@@ -100,6 +102,7 @@ class DecodePlan:
         members: how many requests decode (each gets a token every pass).
         first_step: the rank's pass number of the first planned pass.
         prev_end_ms: when the members' previous token was stamped.
+        seconds: members whose token in the first planned pass is their second on this rank.
         durations: each planned pass's duration (ms, as the clock advances).
         removals: (pass index, hash) of the Removed events the plan's evictions
             publish at the start of that pass (only when KV events are recorded).
@@ -108,6 +111,7 @@ class DecodePlan:
     members: int
     first_step: int
     prev_end_ms: float
+    seconds: list[EngineRequest]
     durations: np.ndarray
     removals: list[tuple[int, int]]
 
@@ -163,6 +167,8 @@ class VllmScheduler:
         self._sum_base = 0
         self._due: dict[int, list[EngineRequest]] = {}  # members by their next event's pass
         self._due_steps: list[int] = []  # heap of _due's keys
+        # Members that joined with their first token: their next one is their second.
+        self._fresh: list[EngineRequest] = []
         # End of this rank's latest pass (set by its worker when the pass ends).
         self.last_emit_ms = 0.0
         # Members that left the cohort since the last call of take_catch_ups.
@@ -371,7 +377,8 @@ class VllmScheduler:
         covers them all and the pool can give each block boundary a block
         without preempting. The plan stops at the pass in which the first
         member finishes. Returns None when fewer than two passes qualify (a
-        normal pass is then as cheap).
+        normal pass is then as cheap). Planning changes nothing: a plan the
+        worker drops (another rank could not plan) leaves no trace.
         """
         running = self.running
         if self.waiting or self._others or not running or len(running) > self._max_tokens:
@@ -402,6 +409,7 @@ class VllmScheduler:
             members=n,
             first_step=step + 1,
             prev_end_ms=self.last_emit_ms,
+            seconds=list(self._fresh),
             durations=durations,
             removals=removals,
         )
@@ -417,6 +425,7 @@ class VllmScheduler:
             The requests that finished in the last applied pass.
         """
         last = plan.first_step + passes - 1
+        self._fresh = []  # their second tokens are the plan's (see DecodePlan.seconds)
         finished = []
         due_steps = self._due_steps
         while due_steps and due_steps[0] <= last:
@@ -476,14 +485,21 @@ class VllmScheduler:
             self._take_due(step)
             heapq.heappop(self._due_steps)
         for request in sorted([*self._others, *due], key=_admission_order):
-            if request in members and step == self._finish_step(request):
-                self._leave(request, step - 1, self.last_emit_ms)  # scheduled as any other
-            if request in members:
+            if request not in members:
+                outcome = self._schedule(request, from_waiting=False)
+                assert outcome is _Outcome.SCHEDULED, "a cohort pass outran its budget or pool"
+            elif step == self._finish_step(request):
+                # Its last token: it leaves, decodes this pass as any other request would.
+                self._leave(request, step - 1, self.last_emit_ms)
+                self._block_events(request, step)
+                request.num_computed += 1
+                self._scheduled[request] = (1, -1, 0)
+                self._budget -= 1
+            else:
                 self._advance_member(request, step)
-                continue
-            outcome = self._schedule(request, from_waiting=False)
-            assert outcome is _Outcome.SCHEDULED, "a cohort pass outran its budget or pool"
         self._budget -= len(members)
+        self._result.seconds = [r for r in self._fresh if r in members]
+        self._fresh = []
         return True
 
     def _take_due(self, step: int) -> list[EngineRequest]:
@@ -532,7 +548,9 @@ class VllmScheduler:
             bucket.append(request)
 
     def _join(self, request: EngineRequest) -> None:
-        """A running request that emitted in this pass (not its first token) joins the cohort."""
+        """A running request that emitted in this pass joins the cohort."""
+        if request.generated == 1:
+            self._fresh.append(request)
         step = self._step
         request.cohort_base = request.num_computed - step - 1
         request.joined_step = step
@@ -560,6 +578,7 @@ class VllmScheduler:
             self._leave(request, passes_done, self.last_emit_ms if last_ms is None else last_ms)
         self._due.clear()
         self._due_steps.clear()
+        self._fresh.clear()
 
     # ----- scheduling -----
 
@@ -809,7 +828,7 @@ class VllmScheduler:
             ):
                 result.finished.append(request)
                 self._finish(request)
-            elif join and request.generated >= 2:
+            elif join:
                 self._join(request)
         return end
 

@@ -46,6 +46,8 @@ class PassOutputs:
             them got: the pass end, or a fast-forwarded window's pass ends).
         catch_ups: requests that left a decode cohort, with the tokens they
             got as members and the last one's time (delivered before the rest).
+        seconds: cohort members whose token this was their second on their
+            rank, with its time (None: the pass end).
     """
 
     emitted: list[EngineRequest] = field(default_factory=list)
@@ -53,6 +55,7 @@ class PassOutputs:
     rejected: list[EngineRequest] = field(default_factory=list)
     cohorts: list[tuple[float, int, np.ndarray | None]] = field(default_factory=list)
     catch_ups: list[CatchUp] = field(default_factory=list)
+    seconds: list[tuple[list[EngineRequest], float | None]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -170,6 +173,7 @@ class Worker:
                 last = float(shown[-1]) if len(shown) else prev_end
                 if len(shown):
                     out.cohorts.append((prev_end, members, shown))
+        out.seconds = [(r, at) for r, at in done.seconds if at is not None and at <= limit]
         for request, tokens, last_ms in done.catch_ups:
             if last_ms > limit:  # finished in a window's last pass, after the cap
                 tokens, last_ms = tokens - hidden, last
@@ -266,6 +270,8 @@ class Worker:
         end = float(times[-1])
         for rank, plan in window.plans:
             out.cohorts.append((plan.prev_end_ms, plan.members, times))
+            if plan.seconds:
+                out.seconds.append((plan.seconds, float(times[0])))
             finished = rank.commit_decode(plan, passes, end)
             if finished:
                 rank.capacity_changed()
@@ -318,4 +324,6 @@ def _collect(results: list[PassResult]) -> PassOutputs:
         out.rejected += result.rejected
         if result.cohort_tokens:
             out.cohorts.append((result.cohort_prev_end, result.cohort_tokens, None))
+        if result.seconds:
+            out.seconds.append((result.seconds, None))
     return out

@@ -190,11 +190,21 @@ class Collector:
             self.per_user.add_weighted(1000.0 / gap, count)
 
     @staticmethod
+    def on_second_token(record: RequestRecord, at: float) -> None:
+        """A cohort member that joined with its first token on its rank got its next at ``at``.
+
+        It is the request's second token unless an earlier stage gave it one.
+        """
+        if record.num_tokens == 1:
+            record.second_token_ms = at
+
+    @staticmethod
     def on_catch_up(record: RequestRecord, tokens: int, last_ms: float) -> None:
         """A request's ``tokens`` tokens counted by :meth:`on_shared_gap`, the last at ``last_ms``."""
-        assert record.num_tokens >= 2, "a cohort member joins after its second token"
+        assert record.num_tokens >= 1, "a cohort member joins after a token"
         record.num_tokens += tokens
         record.last_token_ms = last_ms
+        assert record.second_token_ms is not None, "its second token was recorded when it came"
 
     def on_shared_gaps(self, prev_end: float, count: int, times: np.ndarray) -> None:
         """``count`` requests, whose previous token was at ``prev_end``, each got one at each of ``times``."""
