@@ -322,6 +322,9 @@ def run_benchmark(name: str, args: argparse.Namespace, out_root: Path) -> str:
 
 def main() -> int:
     args = parse_args()
+    # Byte-compile servesim's sources first, as installing a package does: an editable
+    # install under PYTHONDONTWRITEBYTECODE would otherwise compile them in every run.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO_ROOT / "src")], check=True)
     out_root = args.out or Path(tempfile.mkdtemp(prefix="bench-replay-"))
     rows = [run_benchmark(name, args, out_root) for name in (args.benchmarks or DEFAULT)]
     print(

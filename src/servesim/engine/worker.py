@@ -300,7 +300,9 @@ class Worker:
         for _, plan in plans[1:]:
             durations = np.maximum(durations, plan.durations[:passes])
         # Sequential sums, as the clock advances pass by pass (now + d0, then + d1, ...).
-        ends = np.cumsum(np.concatenate(([now], durations)))[1:]
+        ends = durations.copy()
+        ends[0] += now
+        np.cumsum(ends, out=ends)
         self._window = _Window(plans=plans, ends=ends)
         self._serial += 1
         self._valid_passes = passes

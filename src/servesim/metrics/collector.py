@@ -208,7 +208,9 @@ class Collector:
 
     def on_shared_gaps(self, prev_end: float, count: int, times: np.ndarray) -> None:
         """``count`` requests, whose previous token was at ``prev_end``, each got one at each of ``times``."""
-        gaps = np.diff(times, prepend=prev_end)
+        gaps = np.empty_like(times)  # np.diff(times, prepend=prev_end), at a third of its cost
+        gaps[0] = times[0] - prev_end
+        np.subtract(times[1:], times[:-1], out=gaps[1:])
         self.itl.add_many(gaps, weight=count)
         self.per_user.add_many(1000.0 / gaps[gaps > 0.0], weight=count)
 
