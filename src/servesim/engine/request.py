@@ -45,6 +45,7 @@ class EngineRequest:
     __slots__ = (
         "blocks",
         "cohort_base",
+        "finish_step",
         "generated",
         "hashes",
         "joined_step",
@@ -81,10 +82,11 @@ class EngineRequest:
         self.pending_cached = 0
         self.status = Status.WAITING
         # Admission order on its rank (running order); see VllmScheduler's decode cohort
-        # for the other two, which hold a lazily advanced decoder's progress.
+        # for the other three, which hold a lazily advanced decoder's progress.
         self.seq = 0
         self.cohort_base = 0
         self.joined_step = 0
+        self.finish_step = 0
         self.blocks: list[int] = []
         self.hashes: list[int] = []
         # Leading blocks cached under their hash; later ones are cached unnamed

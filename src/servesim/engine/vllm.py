@@ -385,7 +385,7 @@ class VllmScheduler:
             return None
         members, step, bs = self._members, self._step, self.block_size
         n = len(members)
-        passes = min(limit, min(self._finish_step(r) for r in members) - step)
+        passes = min(limit, min(r.finish_step for r in members) - step)
         # Pass j of the plan (step + 1 + j) gives a member a block when its
         # cohort_base + step + 1 + j is a multiple of bs.
         needs = sorted(
@@ -431,7 +431,7 @@ class VllmScheduler:
         while due_steps and due_steps[0] <= last:
             step = heapq.heappop(due_steps)
             for request in self._take_due(step):
-                if step == self._finish_step(request):
+                if step == request.finish_step:
                     assert step == last, "a plan ends with its first member's last token"
                     self._block_events(request, step)
                     finished.append(request)
@@ -488,7 +488,7 @@ class VllmScheduler:
             if request not in members:
                 outcome = self._schedule(request, from_waiting=False)
                 assert outcome is _Outcome.SCHEDULED, "a cohort pass outran its budget or pool"
-            elif step == self._finish_step(request):
+            elif step == request.finish_step:
                 # Its last token: it leaves, decodes this pass as any other request would.
                 self._leave(request, step - 1, self.last_emit_ms)
                 self._block_events(request, step)
@@ -534,12 +534,11 @@ class VllmScheduler:
 
     def _schedule_due(self, request: EngineRequest, after: int) -> None:
         """File a member under its next pass after ``after`` with a block boundary or its end."""
-        base, bs = request.cohort_base, self.block_size
         step = after + 1
-        due = step + (-(base + step)) % bs  # a new block for its token
-        if self._caching:
-            due = min(due, step + (-(base + step + 1)) % bs)  # a block becomes full
-        due = min(due, self._finish_step(request))
+        ahead = (-(request.cohort_base + step)) % self.block_size  # to a new block for its token
+        if ahead and self._caching:
+            ahead -= 1  # the pass before, its block becomes full
+        due = min(step + ahead, request.finish_step)
         bucket = self._due.get(due)
         if bucket is None:
             self._due[due] = [request]
@@ -554,6 +553,7 @@ class VllmScheduler:
         step = self._step
         request.cohort_base = request.num_computed - step - 1
         request.joined_step = step
+        request.finish_step = self._finish_step(request)
         self._sum_base += request.cohort_base
         del self._others[request]
         self._members[request] = None
