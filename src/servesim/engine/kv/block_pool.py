@@ -391,11 +391,12 @@ class BlockPool:
         """
         lru, block_hash, by_hash = self._lru, self._hash, self._by_hash
         extra = self._extra_copies
+        popitem = lru.popitem
         evicted: list[BlockId] = []
-        removed = []
+        removed: list[BlockHash] = []
         self._inactive -= count
         while count:
-            key, run = lru.popitem(last=False)
+            key, run = popitem(False)
             if run is not None:
                 if len(run) > count:
                     evicted += run[:count]
@@ -407,14 +408,13 @@ class BlockPool:
                 continue
             count -= 1
             h = block_hash[key]
-            assert h is not None
             block_hash[key] = None
             evicted.append(key)
             if extra and h in extra:
                 self._forget_copy(h, key)
                 continue
-            del by_hash[h]
-            removed.append(h)
+            del by_hash[h]  # type: ignore[arg-type]
+            removed.append(h)  # type: ignore[arg-type]
         if removed and self.events is not None:
             self.events.append(KvRemoved(tuple(removed)))
         return evicted
