@@ -173,6 +173,7 @@ class VllmScheduler:
         self.last_emit_ms = 0.0
         # Members that left the cohort since the last call of take_catch_ups.
         self.catch_ups: list[CatchUp] = []
+        self._window_durations: dict[tuple[int, int, int], np.ndarray] = {}
         # Per-pass scratch state, reset by execute_pass.
         self._budget = 0
         self._batch = [0, 0, 0]  # prompts scheduled, sum of isl, sum of prefix
@@ -396,9 +397,8 @@ class VllmScheduler:
             passes = needs[spare]
         if passes < 2:
             return None
-        timing = self.timing
         context = self._sum_base + n * (step + 2)  # the members' lengths before the first pass
-        durations = pass_durations(timing.decode_series(n, context, passes), timing.decode_divisor)
+        durations = self._decode_durations(n, context, passes)
         removals: list[tuple[int, int]] = []
         if self.pool.events is not None:
             # Allocations past the free list evict the oldest inactive blocks, in order.
@@ -413,6 +413,25 @@ class VllmScheduler:
             durations=durations,
             removals=removals,
         )
+
+    def _decode_durations(self, batch: int, context: int, passes: int) -> np.ndarray:
+        """Durations of ``passes`` decode passes of ``batch`` requests from ``context`` tokens.
+
+        A pure function of its arguments, remembered for the rank's recent windows: a
+        steady workload plans the same windows again and again. Read-only for callers.
+        """
+        key = (batch, context, passes)
+        durations = self._window_durations.get(key)
+        if durations is None:
+            if len(self._window_durations) >= 256:
+                self._window_durations.clear()
+            timing = self.timing
+            durations = pass_durations(
+                timing.decode_series(batch, context, passes), timing.decode_divisor
+            )
+            durations.flags.writeable = False
+            self._window_durations[key] = durations
+        return durations
 
     def commit_decode(self, plan: DecodePlan, passes: int, end_ms: float) -> list[EngineRequest]:
         """Apply the first ``passes`` passes of ``plan`` (the last ends at ``end_ms``).
