@@ -27,6 +27,7 @@ Benchmarks:
 
     python bench/bench_replay.py                 # all benchmarks but workers10k
     python bench/bench_replay.py batch --venv .reference-venv --servesim "python -m servesim"
+    python bench/bench_replay.py --repeat 3      # median of three turns each (noisy machines)
 """
 
 from __future__ import annotations
@@ -195,6 +196,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--venv", type=Path, default=REPO_ROOT / ".reference-venv")
     p.add_argument("--servesim", default=default_servesim(), help="command that starts servesim")
     p.add_argument("--out", type=Path, default=None, help="directory for reports (a temp dir)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each simulator this many times, in turns, and report the median wall of each",
+    )
     args = p.parse_args()
     unknown = [name for name in args.benchmarks if name not in BENCHMARKS]
     if unknown:
@@ -294,6 +301,11 @@ def table_row(title: str, ours: Run, ref: Run | None) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def median_run(runs: list[Run]) -> Run:
+    """The run with the median wall time (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda run: run.wall_s)[(len(runs) - 1) // 2]
+
+
 def run_benchmark(name: str, args: argparse.Namespace, out_root: Path) -> str:
     title, scenario = BENCHMARKS[name]
     out_dir = out_root / name
@@ -301,17 +313,24 @@ def run_benchmark(name: str, args: argparse.Namespace, out_root: Path) -> str:
     scenario_path = out_dir / "scenario.json"
     scenario_path.write_text(json.dumps({"name": name, **scenario}, indent=1))
     print(f"\n## {name}: {title}\nreports:   {out_dir}")
-    ours = run_servesim(args.servesim, scenario_path, out_dir)
-    ref = None
-    if (args.venv / "bin" / "python").exists() and REFCHECK.exists():
-        ref = run_reference(args.venv, scenario_path, out_dir)
-    else:
+    with_reference = (args.venv / "bin" / "python").exists() and REFCHECK.exists()
+    if not with_reference:
         print(f"reference: not run: no virtual environment at {args.venv}; servesim alone")
+    # The two simulators take turns, so a slow spell of the machine hits both.
+    ours_runs, ref_runs, ratios = [], [], []
+    for _ in range(args.repeat):
+        ours_runs.append(run_servesim(args.servesim, scenario_path, out_dir))
+        if with_reference:
+            ref_runs.append(run_reference(args.venv, scenario_path, out_dir))
+            ratios.append(ours_runs[-1].wall_s / ref_runs[-1].wall_s)
+    ours = median_run(ours_runs)
+    ref = median_run(ref_runs) if ref_runs else None
     print()
     print_run("servesim", ours)
     if ref:
         print_run("reference", ref)
-        print(f"ratio servesim/reference (process wall): {ours.wall_s / ref.wall_s:.2f}")
+        spread = f" (runs: {', '.join(f'{r:.2f}' for r in ratios)})" if len(ratios) > 1 else ""
+        print(f"ratio servesim/reference (process wall): {ours.wall_s / ref.wall_s:.2f}{spread}")
         if ours.summary.get("completed_requests") != ref.summary.get("completed_requests"):
             print(
                 "WARNING: the simulators completed different request counts: not the same workload"
