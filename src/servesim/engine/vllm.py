@@ -414,6 +414,27 @@ class VllmScheduler:
             removals=removals,
         )
 
+    def _commit_per_member(self, first: int, last: int) -> list[EngineRequest]:
+        """Passes ``first..last`` of the cohort, member by member (see :meth:`commit_decode`)."""
+        bs, pool = self.block_size, self.pool
+        self._due.clear()
+        self._due_steps.clear()
+        finished = []
+        for request in sorted(self._members, key=_admission_order):
+            computed_before = request.cohort_base + first
+            computed_after = request.cohort_base + last + 1
+            new = -(-computed_after // bs) - len(request.blocks)
+            if new > 0:
+                ok = pool.allocate(request.blocks, [], new)
+                assert ok, "the cohort outran the pool"
+            if self._caching and computed_after // bs > computed_before // bs:
+                self._cache_blocks(request, computed_before // bs, computed_after // bs)
+            if request.finish_step == last:
+                finished.append(request)
+            else:
+                self._schedule_due(request, last)
+        return finished
+
     def _decode_durations(self, batch: int, context: int, passes: int) -> np.ndarray:
         """Durations of ``passes`` decode passes of ``batch`` requests from ``context`` tokens.
 
@@ -438,24 +459,29 @@ class VllmScheduler:
 
         The members' block boundaries are visited pass by pass, in running
         order, as stepping visits them, so block ids, evictions and KV events
-        are identical.
+        are identical. Without KV events, a window spanning a block or more
+        gives each member its blocks at once instead: the blocks evicted are
+        the same oldest ones, and only which member holds which id differs.
 
         Returns:
             The requests that finished in the last applied pass.
         """
         last = plan.first_step + passes - 1
         self._fresh = []  # their second tokens are the plan's (see DecodePlan.seconds)
-        finished = []
-        due_steps = self._due_steps
-        while due_steps and due_steps[0] <= last:
-            step = heapq.heappop(due_steps)
-            for request in self._take_due(step):
-                if step == request.finish_step:
-                    assert step == last, "a plan ends with its first member's last token"
-                    self._block_events(request, step)
-                    finished.append(request)
-                else:
-                    self._advance_member(request, step)
+        if self.pool.events is None and passes >= self.block_size:
+            finished = self._commit_per_member(plan.first_step, last)
+        else:
+            finished = []
+            due_steps = self._due_steps
+            while due_steps and due_steps[0] <= last:
+                step = heapq.heappop(due_steps)
+                for request in self._take_due(step):
+                    if step == request.finish_step:
+                        assert step == last, "a plan ends with its first member's last token"
+                        self._block_events(request, step)
+                        finished.append(request)
+                    else:
+                        self._advance_member(request, step)
         self._step = last
         for request in finished:
             self._leave(request, last, end_ms)
@@ -554,9 +580,10 @@ class VllmScheduler:
     def _schedule_due(self, request: EngineRequest, after: int) -> None:
         """File a member under its next pass after ``after`` with a block boundary or its end."""
         step = after + 1
-        ahead = (-(request.cohort_base + step)) % self.block_size  # to a new block for its token
-        if ahead and self._caching:
-            ahead -= 1  # the pass before, its block becomes full
+        base, bs = request.cohort_base, self.block_size
+        ahead = (-(base + step)) % bs  # to a new block for its token
+        if ahead and self._caching and (base + step) // bs < request.named_blocks:
+            ahead -= 1  # the pass before, its block becomes full (if others may match it)
         due = min(step + ahead, request.finish_step)
         bucket = self._due.get(due)
         if bucket is None:
