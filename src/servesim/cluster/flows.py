@@ -7,7 +7,6 @@ import math
 
 from servesim.cluster.runtime import Ledger, Pool
 from servesim.engine.kv.block_pool import KvRemoved
-from servesim.engine.kv.hashing import chain_all
 from servesim.engine.request import EngineRequest, Status
 from servesim.engine.worker import PassOutputs, ScheduledRemoval, Worker
 from servesim.metrics.collector import RequestRecord, Terminal
@@ -27,7 +26,7 @@ def route_request(
     if with_hashes:
         full = prompt.length // block_size
         shared = full if spec.shared_blocks is None else min(spec.shared_blocks, full)
-        hashes = chain_all(prompt.block_hashes(block_size, shared))
+        hashes = prompt.sequence_hashes(block_size, shared)
     return RouteRequest(
         uid=uid,
         isl=prompt.length,

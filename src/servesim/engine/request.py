@@ -18,6 +18,10 @@ class Prompt(Protocol):
         """Local hashes of the prompt's first ``count`` full blocks of ``block_size`` tokens."""
         ...
 
+    def sequence_hashes(self, block_size: int, count: int) -> list[int]:
+        """Sequence hashes (each chained to the blocks before it) of those blocks."""
+        ...
+
 
 ALL_BLOCKS = 1 << 62
 """``named_blocks`` of a request whose every block is cached under its hash."""

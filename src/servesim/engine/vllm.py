@@ -47,7 +47,7 @@ import numpy as np
 
 from servesim.config import EngineConfig
 from servesim.engine.kv.block_pool import BlockPool, KvEvent
-from servesim.engine.kv.hashing import chain, chain_all, generated_block_hash
+from servesim.engine.kv.hashing import chain, generated_block_hash
 from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
 from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
@@ -905,8 +905,7 @@ class VllmScheduler:
         bs = self.block_size
         prompt_full = request.prompt_len // bs
         if have < prompt_full:
-            locals_ = request.prompt.block_hashes(bs, min(num_blocks, prompt_full))[have:]
-            hashes.extend(chain_all(locals_, hashes[-1] if hashes else None))
+            hashes += request.prompt.sequence_hashes(bs, min(num_blocks, prompt_full))[have:]
         for j in range(len(hashes), num_blocks):
             parent = hashes[-1] if hashes else None
             hashes.append(chain(parent, generated_block_hash(request.salt, j)))

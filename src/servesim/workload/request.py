@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servesim.engine.kv.hashing import hash_tokens
+from servesim.engine.kv.hashing import chain_all, hash_tokens
 from servesim.engine.request import Prompt
 
 
@@ -17,11 +17,28 @@ class BlockContentCache:
     is a short run-length key such as ``((token, 64),)``.
     """
 
-    __slots__ = ("_hashes", "_uniform")
+    __slots__ = ("_chains", "_hashes", "_uniform")
 
     def __init__(self) -> None:
         self._hashes: dict[tuple[tuple[int, int], ...], int] = {}
         self._uniform: dict[tuple[int, int], int] = {}
+        # (sequence hash before a trace block, its token, engine block size) -> the
+        # sequence hashes of the engine blocks filling that trace block.
+        self._chains: dict[tuple[int | None, int, int], tuple[int, ...]] = {}
+
+    def uniform_chain(
+        self, parent: int | None, token: int, block_size: int, per_block: int
+    ) -> tuple[int, ...]:
+        """Sequence hashes of ``per_block`` blocks of ``block_size`` copies of ``token`` after ``parent``.
+
+        Prompts that share a trace prefix share these runs: each is chained once.
+        """
+        key = (parent, token, block_size)
+        run = self._chains.get(key)
+        if run is None:
+            local = self.uniform_hash(token, block_size)
+            run = self._chains[key] = tuple(chain_all([local] * per_block, parent))
+        return run
 
     def uniform_hash(self, token: int, count: int) -> int:
         """Hash of a block of ``count`` copies of one token (the common trace case)."""
@@ -78,6 +95,23 @@ class TracePrompt:
             out.append(local_hash(tuple(runs)))
         return out
 
+    def sequence_hashes(self, block_size: int, count: int) -> list[int]:
+        """See :class:`~servesim.engine.request.Prompt`."""
+        tbs = self.trace_block_size
+        if tbs % block_size:
+            return chain_all(self.block_hashes(block_size, count))
+        num_blocks = min(self.length // block_size, count)
+        per_id = tbs // block_size
+        chain = self._cache.uniform_chain
+        out: list[int] = []
+        parent = None
+        for token in self.tokens[: -(-num_blocks // per_id)]:
+            run = chain(parent, token, block_size, per_id)
+            out += run
+            parent = run[-1]
+        del out[num_blocks:]
+        return out
+
 
 _MASK = np.uint64(0xFFFFFFFF)
 
@@ -107,6 +141,10 @@ class SyntheticPrompt:
         data = tokens.tobytes()
         step = block_size * 4
         return [hash_tokens(data[i : i + step]) for i in range(0, len(data), step)]
+
+    def sequence_hashes(self, block_size: int, count: int) -> list[int]:
+        """See :class:`~servesim.engine.request.Prompt`."""
+        return chain_all(self.block_hashes(block_size, count))
 
 
 @dataclass(slots=True, kw_only=True)
