@@ -230,6 +230,16 @@ class BlockPool:
         block_hash, refs = self._hash, self._refs
         by_hash = self._by_hash
         events = self.events
+        if events is None:
+            for block, h in zip(table[start:end], hashes[start:end], strict=True):
+                if block_hash[block] is None:
+                    block_hash[block] = h
+                    refs[block] = 1
+                    if h in by_hash:
+                        self._extra_copies.setdefault(h, []).append(block)
+                    else:
+                        by_hash[h] = block
+            return
         run: list[BlockHash] = []
         run_parent: BlockHash | None = None
         for i in range(start, end):
@@ -241,18 +251,15 @@ class BlockPool:
             refs[block] = 1
             if h not in by_hash:
                 by_hash[h] = block
-                if events is not None:
-                    if not run:
-                        run_parent = hashes[i - 1] if i > 0 else None
-                    run.append(h)
+                if not run:
+                    run_parent = hashes[i - 1] if i > 0 else None
+                run.append(h)
                 continue
             self._extra_copies.setdefault(h, []).append(block)
             if run:
-                assert events is not None
                 events.append(KvStored(run_parent, tuple(run)))
                 run = []
         if run:
-            assert events is not None
             events.append(KvStored(run_parent, tuple(run)))
 
     def release(
@@ -283,7 +290,7 @@ class BlockPool:
                     # list, with no identity to lose: the free list's tail is the same place.
                     free += run
         inactive = 0
-        for block in reversed(table[:start]):
+        for block in table[start - 1 :: -1] if start else ():
             if block_hash[block] is None:
                 free.append(block)  # private
                 continue
