@@ -45,98 +45,69 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared"
 REFCHECK = SHARED / "reference" / "refcheck.py"
 
+MOONCAKE = str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl")
+ENGINE = {"block_size": 64}
+
+
+def mooncake(**cluster: object) -> dict[str, object]:
+    """A scenario replaying the Mooncake conversation trace on ``cluster``."""
+    return {"trace": MOONCAKE, "trace_block_size": 512, "router_mode": "round_robin", **cluster}
+
+
+def synthetic(
+    count: int, isl: int, osl: int, workers: int, **arrivals: object
+) -> dict[str, object]:
+    """A scenario of ``count`` synthetic requests on ``workers`` round-robin workers."""
+    shape = {"input_tokens": isl, "output_tokens": osl, "request_count": count}
+    arrival_interval = arrivals.pop("arrival_interval_ms", None)
+    if arrival_interval is not None:
+        shape["arrival_interval_ms"] = arrival_interval
+    return {
+        "synthetic": shape,
+        **arrivals,
+        "router_mode": "round_robin",
+        "num_workers": workers,
+        "engine": ENGINE,
+    }
+
+
 BENCHMARKS: dict[str, tuple[str, dict[str, object]]] = {
     "mooncake": (
         "Mooncake conversation trace, 16 workers, round robin",
-        {
-            "trace": str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl"),
-            "trace_block_size": 512,
-            "router_mode": "round_robin",
-            "num_workers": 16,
-            "engine": {"block_size": 64},
-        },
+        mooncake(num_workers=16, engine=ENGINE),
     ),
     "kv": (
         "Mooncake conversation trace, 16 workers, KV router",
-        {
-            "trace": str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl"),
-            "trace_block_size": 512,
-            "router_mode": "kv_router",
-            "num_workers": 16,
-            "engine": {"block_size": 64},
-        },
+        mooncake(router_mode="kv_router", num_workers=16, engine=ENGINE),
     ),
     "disagg": (
         "Mooncake conversation trace, 4 prefill + 12 decode workers, round robin",
-        {
-            "trace": str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl"),
-            "trace_block_size": 512,
-            "router_mode": "round_robin",
-            "num_prefill_workers": 4,
-            "num_decode_workers": 12,
-            "prefill_engine": {"block_size": 64},
-            "decode_engine": {"block_size": 64},
-        },
+        mooncake(
+            num_prefill_workers=4,
+            num_decode_workers=12,
+            prefill_engine=ENGINE,
+            decode_engine=ENGINE,
+        ),
     ),
     "batch": (
         "synthetic 2,000 in / 300 out, concurrency 256, 4 workers",
-        {
-            "synthetic": {"input_tokens": 2000, "output_tokens": 300, "request_count": 20000},
-            "replay_concurrency": 256,
-            "router_mode": "round_robin",
-            "num_workers": 4,
-            "engine": {"block_size": 64},
-        },
+        synthetic(20000, 2000, 300, 4, replay_concurrency=256),
     ),
     "steady": (
         "synthetic 1,024 in / 128 out, one every 5 ms, 8 workers",
-        {
-            "synthetic": {
-                "input_tokens": 1024,
-                "output_tokens": 128,
-                "request_count": 25000,
-                "arrival_interval_ms": 5,
-            },
-            "router_mode": "round_robin",
-            "num_workers": 8,
-            "engine": {"block_size": 64},
-        },
+        synthetic(25000, 1024, 128, 8, arrival_interval_ms=5),
     ),
     "lowload": (
         "synthetic 512 in / 128 out, one every 200 ms, 1 worker",
-        {
-            "synthetic": {
-                "input_tokens": 512,
-                "output_tokens": 128,
-                "request_count": 10000,
-                "arrival_interval_ms": 200,
-            },
-            "router_mode": "round_robin",
-            "num_workers": 1,
-            "engine": {"block_size": 64},
-        },
+        synthetic(10000, 512, 128, 1, arrival_interval_ms=200),
     ),
     "workers": (
         "first 2,000 Mooncake requests, 1,000 workers, round robin",
-        {
-            "trace": str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl"),
-            "max_requests": 2000,
-            "trace_block_size": 512,
-            "router_mode": "round_robin",
-            "num_workers": 1000,
-            "engine": {"block_size": 64},
-        },
+        mooncake(max_requests=2000, num_workers=1000, engine=ENGINE),
     ),
     "workers10k": (
         "first 2,000 Mooncake requests, 10,000 workers, round robin",
-        {
-            "trace": str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl"),
-            "max_requests": 2000,
-            "trace_block_size": 512,
-            "router_mode": "round_robin",
-            "num_workers": 10000,
-            "engine": {"block_size": 64},
-        },
+        mooncake(max_requests=2000, num_workers=10000, engine=ENGINE),
     ),
 }
 DEFAULT = [name for name in BENCHMARKS if name != "workers10k"]
