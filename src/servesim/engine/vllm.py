@@ -388,22 +388,26 @@ class VllmScheduler:
         n = len(members)
         passes = min(limit, min(r.finish_step for r in members) - step)
         # Pass j of the plan (step + 1 + j) gives a member a block when its
-        # cohort_base + step + 1 + j is a multiple of bs.
-        needs = sorted(
-            j for r in members for j in range((-(r.cohort_base + step + 1)) % bs, passes, bs)
-        )
-        spare = self.pool.num_free + self.pool.num_inactive
-        if len(needs) > spare:
-            passes = needs[spare]
+        # cohort_base + step + 1 + j is a multiple of bs. Which passes those are
+        # matters only if the free blocks may run out (evictions, or preemption).
+        pool = self.pool
+        needs: list[int] = []
+        if n * (passes // bs + 1) > pool.num_free:
+            needs = sorted(
+                j for r in members for j in range((-(r.cohort_base + step + 1)) % bs, passes, bs)
+            )
+            spare = pool.num_free + pool.num_inactive
+            if len(needs) > spare:
+                passes = needs[spare]
         if passes < 2:
             return None
         context = self._sum_base + n * (step + 2)  # the members' lengths before the first pass
         durations = self._decode_durations(n, context, passes)
         removals: list[tuple[int, int]] = []
-        if self.pool.events is not None:
+        if pool.events is not None and needs:
             # Allocations past the free list evict the oldest inactive blocks, in order.
-            evicting = [j for j in needs[self.pool.num_free :] if j < passes]
-            published = self.pool.removals_of_oldest(len(evicting))
+            evicting = [j for j in needs[pool.num_free :] if j < passes]
+            published = pool.removals_of_oldest(len(evicting))
             removals = [(j, h) for j, h in zip(evicting, published, strict=True) if h is not None]
         return DecodePlan(
             members=n,
