@@ -122,6 +122,28 @@ def test_a_released_run_is_evicted_whole_or_in_part_oldest_first() -> None:
     pool.check([taken])
 
 
+def test_allocate_one_takes_the_same_block_as_allocate() -> None:
+    """Never-used ids, then freed ones oldest first, then the LRU head: as allocate(table, [], 1)."""
+    one, _ = make_pool(4)
+    many, _ = make_pool(4)
+    for pool in (one, many):
+        named: list[int] = []
+        pool.allocate(named, [], 2)
+        pool.cache(named, [31, 32], 0, 2)
+        private: list[int] = []
+        pool.allocate(private, [], 2)
+        pool.release(named)  # blocks 1, 0 become inactive (hashes 32, 31)
+        pool.release(private)  # blocks 3, 2 are freed
+    taken_one: list[int] = []
+    taken_many: list[int] = []
+    for _ in range(4):
+        assert one.allocate_one(taken_one)
+        assert many.allocate(taken_many, [], 1)
+    assert taken_one == taken_many == [3, 2, 1, 0]
+    assert not one.allocate_one(taken_one) and taken_one == [3, 2, 1, 0]
+    one.check([taken_one])
+
+
 def test_check_catches_a_free_list_entry_never_handed_out() -> None:
     """An id beyond those handed out is free by construction: listing it again would give it out twice."""
     pool, _, _ = shared_prefix_state()

@@ -568,7 +568,7 @@ class VllmScheduler:
         bs = self.block_size
         computed = request.cohort_base + step  # before this pass's token
         if computed % bs == 0:
-            ok = self.pool.allocate(request.blocks, [], 1)
+            ok = self.pool.allocate_one(request.blocks)
             assert ok, "the cohort outran the pool"
         if self._caching and (computed + 1) % bs == 0:
             full = (computed + 1) // bs

@@ -199,6 +199,26 @@ class BlockPool:
             table += self._evict_oldest(shortfall)
         return True
 
+    def allocate_one(self, table: list[BlockId]) -> bool:
+        """``allocate(table, [], 1)``, on the decode path's own short road."""
+        block = self._next_id
+        if block < self.capacity:
+            self._next_id = block + 1
+            self._hash.append(None)
+            self._refs.append(0)
+        elif self._free_head < len(self._free):
+            block = self._free[self._free_head]
+            self._free_head += 1
+            if self._free_head > 4096 and self._free_head * 2 > len(self._free):
+                del self._free[: self._free_head]  # as _take_free compacts
+                self._free_head = 0
+        elif self._inactive:
+            (block,) = self._evict_oldest(1)
+        else:
+            return False
+        table.append(block)
+        return True
+
     def _take_free(self, count: int) -> list[BlockId]:
         fresh = min(count, self.capacity - self._next_id)
         if fresh > 0:
