@@ -251,11 +251,18 @@ class Runtime:
 
     def _settle(self) -> None:
         now = self.now
+        completions, admission, pools = self._completions, self.admission, self.flow.pools
         while True:
-            changed = self._apply_completions(now)
+            # Each step is skipped when a look shows it has nothing to do (the last
+            # round, which confirms that nothing changed, is most of them).
+            changed = (
+                bool(completions) and completions[0][0] == now and self._apply_completions(now)
+            )
             changed |= self.flow.settle(now)
-            changed |= self._release_arrivals(now)
-            changed |= self._start_passes(now)
+            if admission.next_ready_ms(now) <= now:
+                changed |= self._release_arrivals(now)
+            if any(pool.wakeable for pool in pools):
+                changed |= self._start_passes(now)
             if not changed:
                 return
 
