@@ -126,10 +126,25 @@ class Collector:
 
     def __init__(self) -> None:
         self.records: list[RequestRecord] = []
-        self.itl = GapSketch()
-        self.per_user = GapSketch()
+        self._itl = GapSketch()
+        self._per_user = GapSketch()
+        # Fast-forwarded windows' token times, turned into gaps in batches (see on_shared_gaps).
+        self._windows: list[tuple[float, int, np.ndarray]] = []
+        self._window_tokens = 0
         # Set once the run ends: tokens the engines committed to prefill (recomputation included).
         self.committed_prefill_tokens = 0
+
+    @property
+    def itl(self) -> GapSketch:
+        """Inter-token latencies (ms), every gap between two tokens of a request."""
+        self._fold_windows()
+        return self._itl
+
+    @property
+    def per_user(self) -> GapSketch:
+        """Per-user token rates (tokens/s): 1000 over each positive gap."""
+        self._fold_windows()
+        return self._per_user
 
     def on_arrival(
         self,
@@ -174,9 +189,9 @@ class Collector:
         """A token after the first: its gap goes into the sketches."""
         assert record.last_token_ms is not None
         gap = now - record.last_token_ms
-        self.itl.add(gap)
+        self._itl.add(gap)
         if gap > 0.0:
-            self.per_user.add(1000.0 / gap)
+            self._per_user.add(1000.0 / gap)
         if record.num_tokens == 1:
             record.second_token_ms = now
 
@@ -185,9 +200,9 @@ class Collector:
 
         Their records catch up when they leave the cohort (:meth:`on_catch_up`).
         """
-        self.itl.add_weighted(gap, count)
+        self._itl.add_weighted(gap, count)
         if gap > 0.0:
-            self.per_user.add_weighted(1000.0 / gap, count)
+            self._per_user.add_weighted(1000.0 / gap, count)
 
     @staticmethod
     def on_second_token(record: RequestRecord, at: float) -> None:
@@ -207,12 +222,34 @@ class Collector:
         assert record.second_token_ms is not None, "its second token was recorded when it came"
 
     def on_shared_gaps(self, prev_end: float, count: int, times: np.ndarray) -> None:
-        """``count`` requests, whose previous token was at ``prev_end``, each got one at each of ``times``."""
-        gaps = np.empty_like(times)  # np.diff(times, prepend=prev_end), at a third of its cost
-        gaps[0] = times[0] - prev_end
-        np.subtract(times[1:], times[:-1], out=gaps[1:])
-        self.itl.add_many(gaps, weight=count)
-        self.per_user.add_many(1000.0 / gaps[gaps > 0.0], weight=count)
+        """``count`` requests, whose previous token was at ``prev_end``, each got one at each of ``times``.
+
+        Windows are kept and turned into gaps many at a time (numpy's per-call
+        cost would dominate one window's few hundred values).
+        """
+        self._windows.append((prev_end, count, times))
+        self._window_tokens += len(times)
+        if self._window_tokens >= 1 << 16:
+            self._fold_windows()
+
+    def _fold_windows(self) -> None:
+        windows = self._windows
+        if not windows:
+            return
+        times = np.concatenate([t for _, _, t in windows])
+        lengths = [len(t) for _, _, t in windows]
+        # Each time's predecessor: the time before it, or its window's prev_end.
+        previous = np.empty_like(times)
+        previous[1:] = times[:-1]
+        starts = np.cumsum([0, *lengths[:-1]])
+        previous[starts] = [prev_end for prev_end, _, _ in windows]
+        gaps = times - previous
+        weights = np.repeat(np.array([count for _, count, _ in windows]), lengths)
+        self._itl.add_many(gaps, weight=weights)
+        positive = gaps > 0.0
+        self._per_user.add_many(1000.0 / gaps[positive], weight=weights[positive])
+        windows.clear()
+        self._window_tokens = 0
 
     @staticmethod
     def on_terminal(record: RequestRecord, now: float, terminal: Terminal) -> None:

@@ -80,7 +80,7 @@ class GapSketch:
             math.exp(-(2.0**31) / self._inv_ln_gamma + 1.0), 2.2250738585072014e-308 * gamma
         )
         self._buckets: dict[int, int] = {}
-        self._pending: list[tuple[np.ndarray, int]] = []
+        self._pending: list[tuple[np.ndarray, int | np.ndarray]] = []
         self._pending_size = 0
         self.count = 0
         self.zeros = 0
@@ -123,8 +123,8 @@ class GapSketch:
         buckets = self._buckets
         buckets[key] = buckets.get(key, 0) + weight
 
-    def add_many(self, values: np.ndarray, *, weight: int = 1) -> None:
-        """Record each of ``values`` ``weight`` times.
+    def add_many(self, values: np.ndarray, *, weight: int | np.ndarray = 1) -> None:
+        """Record each of ``values`` ``weight`` times (or ``weight[i]`` times, given an array).
 
         Batches are buffered and folded in together (numpy's per-call cost
         dominates small batches); moments merge by Chan et al.'s parallel update.
@@ -139,9 +139,11 @@ class GapSketch:
         if not self._pending:
             return
         values = np.concatenate([v for v, _ in self._pending])
-        weights = np.repeat(
-            np.array([w for _, w in self._pending], dtype=np.float64),
-            [len(v) for v, _ in self._pending],
+        weights = np.concatenate(
+            [
+                w.astype(np.float64) if isinstance(w, np.ndarray) else np.full(len(v), float(w))
+                for v, w in self._pending
+            ]
         )
         self._pending.clear()
         self._pending_size = 0
