@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from servesim.cluster.disagg import DisaggregatedFlow
 from servesim.cluster.flows import AggregatedFlow, KvObserver
 from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, Stage
 from servesim.config import EngineConfig, RouterConfig
@@ -306,6 +305,10 @@ def _flow(
             ),
         }
     observer = KvObserver(indexer, prefill.dp_size) if indexer is not None else None
+    # Imported here: the handoff machinery is a fifth of servesim's import time, and an
+    # aggregated replay (most of a sweep's short runs) never needs it.
+    from servesim.cluster.disagg import DisaggregatedFlow
+
     flow = DisaggregatedFlow(
         prefill_pool, decode_pool, prefill, decode, ledger, observer=observer, **policies
     )
