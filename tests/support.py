@@ -18,6 +18,17 @@ from servesim.simulation import Report
 from servesim.workload.admission import AdmissionQueue
 from servesim.workload.request import Session
 
+HANDOFF_TIMELINE = (
+    "source_held_ms",
+    "destination_reserved_ms",
+    "destination_activated_ms",
+    "decode_admit_ms",
+    "source_released_ms",
+    "first_token_ms",
+    "last_token_ms",
+)
+"""A disaggregated request's record fields, in the order its handoff sets them."""
+
 
 def replay_aggregated(
     sessions: list[Session],

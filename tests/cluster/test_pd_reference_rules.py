@@ -40,17 +40,9 @@ from servesim.engine.request import EngineRequest
 from servesim.metrics.collector import RequestRecord
 from servesim.metrics.report import request_row
 from servesim.simulation import RunConfig, run
+from tests.support import HANDOFF_TIMELINE
 
 BANDWIDTH = {"kv_transfer_bandwidth": 10.0, "kv_transfer_bytes_per_token": 131072}
-TIMELINE = (
-    "source_held_ms",
-    "destination_reserved_ms",
-    "destination_activated_ms",
-    "decode_admit_ms",
-    "source_released_ms",
-    "first_token_ms",
-    "last_token_ms",
-)
 
 Row = tuple[float, int, int] | tuple[float, int, int, list[int]]
 
@@ -121,7 +113,7 @@ def replay(
 
 
 def timeline(record: RequestRecord) -> list[float | None]:
-    return [getattr(record, name) for name in TIMELINE]
+    return [getattr(record, name) for name in HANDOFF_TIMELINE]
 
 
 def assert_timelines(records: list[RequestRecord], expected: list[list[float]]) -> None:

@@ -17,17 +17,8 @@ from pathlib import Path
 import pytest
 
 from servesim import RunConfig, parse_engine_args, run
-from tests.support import write_trace
+from tests.support import HANDOFF_TIMELINE, write_trace
 
-TIMELINE = (
-    "source_held_ms",
-    "destination_reserved_ms",
-    "destination_activated_ms",
-    "decode_admit_ms",
-    "source_released_ms",
-    "first_token_ms",
-    "last_token_ms",
-)
 REFERENCE = [
     [19.554948, 19.554948, 22.176388, 22.176388, 103.971162, 27.926689, 50.92840700000001],
     [
@@ -64,4 +55,4 @@ def test_the_source_is_released_at_the_end_of_the_prefill_pass_in_flight(
     )
     records = sorted(report.records, key=lambda r: r.uid)
     for record, want in zip(records, REFERENCE, strict=True):
-        assert [getattr(record, name) for name in TIMELINE] == pytest.approx(want, abs=1e-9)
+        assert [getattr(record, name) for name in HANDOFF_TIMELINE] == pytest.approx(want, abs=1e-9)
