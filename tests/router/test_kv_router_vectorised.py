@@ -1,10 +1,11 @@
-"""The KV router prices all targets at once exactly as :meth:`KvRouter.cost` prices one.
+"""The KV router prices all targets at once exactly as the reference prices one.
 
-``select`` computes every target's cost with array operations; ``cost`` is
-the per-target definition the hand-computed tests check. Random sequences
-of placements, prefill completions and frees, under random router configs,
-must leave the two equal bit for bit, and ``select`` must pick what the
-per-target costs would (the same seeded tie-breaks and samples).
+``select`` computes every target's cost with array operations;
+:func:`reference_cost` below is the reference's per-target formula in plain
+Python floats. Random sequences of placements, prefill completions and
+frees, under random router configs, must leave the two equal bit for bit,
+and ``select`` must pick what the per-target costs would (the same seeded
+tie-breaks and samples).
 """
 
 from __future__ import annotations
@@ -47,6 +48,38 @@ def make_request(uid: int, isl: int, shared: int, family: int) -> RouteRequest:
     return RouteRequest(uid=uid, isl=isl, blocks=-(-isl // BLOCK), hashes=hashes)
 
 
+def reference_cost(router: KvRouter, request: RouteRequest, target: int, overlap: int) -> float:
+    """The reference's cost of one target, one Python float operation at a time."""
+    config, bs = router.config, router.block_size
+    tokens = router.prefill_tokens(target)
+    prefill = 0.0
+    decay = 1.0
+    if config.router_track_prefill_tokens:
+        prefill = (tokens + request.isl) / bs
+        if config.overlap_score_credit_decay > 0:
+            least = min(router.prefill_tokens(t) for t in range(router.targets))
+            excess = (tokens - least) / bs
+            decay = 1.0 / (
+                1.0 + config.overlap_score_credit_decay * excess / max(request.blocks, 1)
+            )
+    credit = config.overlap_score_credit * decay * overlap
+    blocks = request.isl // bs
+    unique = int(router._unique[target])
+    if not config.router_track_active_blocks:
+        decode = float(blocks)
+    elif router._shared is None:
+        decode = float(unique + blocks)
+    else:
+        shared = router._shared[target]
+        already = sum(map(shared.__contains__, request.hashes))
+        decode = float(len(shared) + unique + blocks - already)
+    return (
+        config.prefill_load_scale * max(0.0, prefill - credit)
+        + decode
+        + config.decode_active_request_weight * int(router._requests[target])
+    )
+
+
 def reference_choice(router: KvRouter, costs: list[float], rng: random.Random) -> int:
     """The selection rule over a list of per-target costs, as the router defines it."""
     temperature = router.config.router_temperature
@@ -69,7 +102,7 @@ def reference_choice(router: KvRouter, costs: list[float], rng: random.Random) -
     st.lists(st.tuples(REQUESTS, st.integers(0, 2), st.integers(0, 3)), min_size=1, max_size=25),
     st.integers(0, 1000),
 )
-def test_all_target_costs_equal_the_per_target_cost(
+def test_all_target_costs_equal_the_per_target_formula(
     config: RouterConfig,
     targets: int,
     steps: list[tuple[tuple[int, int, dict[int, int]], int, int]],
@@ -83,13 +116,14 @@ def test_all_target_costs_equal_the_per_target_cost(
         overlaps = {t: n for t, n in raw_overlaps.items() if t < targets}
         active = router._already_active(request)
         costs = router._costs(request, overlaps, active).tolist()
-        expected = [
+        expected = [reference_cost(router, request, t, overlaps.get(t, 0)) for t in range(targets)]
+        assert costs == expected
+        # cost() is one of them, with or without the active counts worked out beforehand.
+        assert [router.cost(request, t, overlaps.get(t, 0)) for t in range(targets)] == expected
+        assert [
             router.cost(request, t, overlaps.get(t, 0), already_active=active.get(t, 0))
             for t in range(targets)
-        ]
-        assert costs == expected
-        # Without the precomputed counts, cost() works out the same active blocks.
-        assert [router.cost(request, t, overlaps.get(t, 0)) for t in range(targets)] == expected
+        ] == expected
         placement = router.select(request, overlaps=overlaps)
         assert placement.target == reference_choice(router, expected, twin)
         router.add(request, placement)

@@ -24,8 +24,8 @@ hashed); otherwise every request's blocks count.
 
 Every target is priced for every request, so the per-target loads are
 arrays and :meth:`KvRouter.select` prices all targets in a few numpy
-operations, each the same float operation :meth:`KvRouter.cost` does for
-one target (a test holds the two equal bit for bit).
+operations, each the same float operation the reference does for one target
+(a test holds them equal, bit for bit, to a per-target formula).
 """
 
 from __future__ import annotations
@@ -156,35 +156,22 @@ class KvRouter:
         """The reference's cost of placing ``request`` on ``target`` (lower is better).
 
         ``already_active``: how many of the request's blocks are active on the
-        target (worked out when not given).
+        target (worked out when not given). One element of :meth:`_costs`.
         """
-        config, bs = self.config, self.block_size
-        tokens = int(self._prefill[target])
-        prefill = 0.0
-        decay = 1.0
-        if config.router_track_prefill_tokens:
-            prefill = (tokens + request.isl) / bs
-            if config.overlap_score_credit_decay > 0:
-                excess = (tokens - int(self._prefill.min())) / bs
-                decay = 1.0 / (
-                    1.0 + config.overlap_score_credit_decay * excess / max(request.blocks, 1)
-                )
-        credit = config.overlap_score_credit * decay * overlap
-        decode = self._decode_blocks(request, target, already_active)
-        return (
-            config.prefill_load_scale * max(0.0, prefill - credit)
-            + decode
-            + config.decode_active_request_weight * int(self._requests[target])
-        )
+        if already_active is None:
+            already_active = self._already_active(request).get(target, 0)
+        costs = self._costs(request, {target: overlap}, {target: already_active})
+        return float(costs[target])
 
     def _costs(
         self, request: RouteRequest, overlaps: dict[int, int], active: dict[int, int]
     ) -> np.ndarray:
-        """:meth:`cost` of every target, element-wise, with its float operations in its order.
+        """The reference's cost of every target: prefill load less overlap credit, active
+        blocks and requests (see the module docstring), with its float operations in order.
 
-        Integer parts stay int64 (exact) until :meth:`cost` would make them float;
+        Integer parts stay int64 (exact) until the reference's would become float;
         ints below 2^53 convert exactly, so each division and product rounds as
-        Python's does.
+        Python's does on one target (tests/router/test_kv_router_vectorised.py).
         """
         config, bs, targets = self.config, self.block_size, self.targets
         overlap = np.zeros(targets)
@@ -278,20 +265,6 @@ class KvRouter:
                 else:
                     del self._active_on[h]
             self._shared_count[target] -= before - len(shared)
-
-    def _decode_blocks(
-        self, request: RouteRequest, target: int, already_active: int | None
-    ) -> float:
-        blocks = request.isl // self.block_size
-        if not self.config.router_track_active_blocks:
-            return float(blocks)
-        unique = int(self._unique[target])
-        if self._shared is None:
-            return float(unique + blocks)
-        shared = self._shared[target]
-        if already_active is None:
-            already_active = sum(map(shared.__contains__, request.hashes))
-        return float(len(shared) + unique + blocks - already_active)
 
     def _already_active(self, request: RouteRequest) -> dict[int, int]:
         """Per target, how many of the request's blocks are active there."""
