@@ -178,6 +178,7 @@ class VllmScheduler:
         self._budget = 0
         self._batch = [0, 0, 0]  # prompts scheduled, sum of isl, sum of prefix
         self._scheduled: dict[EngineRequest, tuple[int, int, int]] = {}
+        self._emitting: list[EngineRequest] = []
         self._result = PassResult(end_ms=0.0)
 
     # ----- public API -----
@@ -533,11 +534,14 @@ class VllmScheduler:
         if due:
             self._take_due(step)
             heapq.heappop(self._due_steps)
+        emitting = self._emitting = []  # the non-members, in running order (see _emit)
         for request in sorted([*self._others, *due], key=_admission_order):
             if request not in members:
                 outcome = self._schedule(request, from_waiting=False)
                 assert outcome is _Outcome.SCHEDULED, "a cohort pass outran its budget or pool"
+                emitting.append(request)
             elif step == request.finish_step:
+                emitting.append(request)
                 # Its last token: it leaves, decodes this pass as any other request would.
                 self._leave(request, step - 1, self.last_emit_ms)
                 self._block_events(request, step)
@@ -840,7 +844,9 @@ class VllmScheduler:
         scheduled = self._scheduled
         members = len(self._members)
         # Members emit as one count; the others in running order.
-        candidates = sorted(self._others, key=_admission_order) if members else self.running
+        candidates = self.running
+        if members:  # a cohort pass: its other requests, then those admitted after them
+            candidates = self._emitting + [request for request, _ in self._result.admitted]
         for request in candidates:
             length = request.prompt_len + request.generated
             if request.num_computed != length:
