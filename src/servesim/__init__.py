@@ -1,6 +1,6 @@
 """servesim: replay LLM serving workloads on a simulated cluster, in virtual time."""
 
-from servesim.config import EngineConfig, parse_engine_args
+from servesim.config import EngineConfig, Role, parse_engine_args
 from servesim.errors import ConfigError, ServesimError, SimulationError, TraceError
 from servesim.metrics.summary import Sla
 from servesim.simulation import Report, RunConfig, SyntheticWorkload, run
@@ -9,6 +9,7 @@ __all__ = [
     "ConfigError",
     "EngineConfig",
     "Report",
+    "Role",
     "RunConfig",
     "ServesimError",
     "SimulationError",

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from servesim.config import (
     EngineConfig,
+    Role,
     RouterConfig,
     load_json_argument,
     parse_engine_args,
@@ -271,9 +272,9 @@ def _engines(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
         )
     return {
         "prefill_engine": parse_engine_args(
-            prefill, source="--prefill-engine-args", role="prefill"
+            prefill, source="--prefill-engine-args", role=Role.PREFILL
         ),
-        "decode_engine": parse_engine_args(decode, source="--decode-engine-args", role="decode"),
+        "decode_engine": parse_engine_args(decode, source="--decode-engine-args", role=Role.DECODE),
     }
 
 

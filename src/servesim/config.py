@@ -13,10 +13,20 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from servesim.errors import ConfigError
+
+
+class Role(StrEnum):
+    """The part a worker plays: serve whole requests, or one side of a P/D handoff."""
+
+    AGGREGATED = "aggregated"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
 
 Parser = Callable[[str, Any], Any]
 KeyTable = dict[str, tuple[str | None, Parser, Any]]
@@ -167,7 +177,7 @@ _ENGINE_KEYS: KeyTable = {
     "speedup_ratio": ("speedup_ratio", _float(0.0), 1.0),
     "decode_speedup_ratio": ("decode_speedup_ratio", _float(0.0), 1.0),
     "preemption_mode": ("preemption_mode", _choice("lifo", "fifo"), "lifo"),
-    "worker_type": ("worker_type", _choice("aggregated", "prefill", "decode"), "aggregated"),
+    "worker_type": ("worker_type", _choice(*Role), Role.AGGREGATED),
     "timing_model": ("timing_model", _timing_model, TimingModelConfig()),
     "dp_size": ("dp_size", _int(1), 1),
     "tensor_parallel_size": ("tensor_parallel_size", _int(1), 1),
@@ -236,7 +246,7 @@ class EngineConfig:
     speedup_ratio: float = 1.0
     decode_speedup_ratio: float = 1.0
     preemption_mode: str = "lifo"
-    worker_type: str = "aggregated"
+    worker_type: Role = Role.AGGREGATED
     timing_model: TimingModelConfig = field(default_factory=TimingModelConfig)
     dp_size: int = 1
     tensor_parallel_size: int = 1
@@ -282,7 +292,7 @@ def _parse_keys(
 
 
 def parse_engine_args(
-    raw: Mapping[str, Any], *, source: str = "engine args", role: str = "aggregated"
+    raw: Mapping[str, Any], *, source: str = "engine args", role: Role = Role.AGGREGATED
 ) -> EngineConfig:
     """Validate a flat engine-args object and return its :class:`EngineConfig`.
 
@@ -319,7 +329,7 @@ def parse_engine_args(
     return EngineConfig(**values)
 
 
-def _check_role(values: dict[str, Any], raw: Mapping[str, Any], source: str, role: str) -> None:
+def _check_role(values: dict[str, Any], raw: Mapping[str, Any], source: str, role: Role) -> None:
     legacy = [name for name in ("is_prefill", "is_decode") if values.pop(name, False)]
     if len(legacy) == 2:
         raise ConfigError(f"{source}: is_prefill and is_decode cannot both be true")
@@ -327,7 +337,7 @@ def _check_role(values: dict[str, Any], raw: Mapping[str, Any], source: str, rol
         raise ConfigError(f"{source}: worker_type cannot be combined with is_prefill or is_decode")
     given = legacy[0].removeprefix("is_") if legacy else values.get("worker_type", role)
     if given != role:
-        if role == "aggregated":
+        if role is Role.AGGREGATED:
             raise ConfigError(
                 f"{source}: worker_type '{given}' needs disaggregated replay "
                 "(--prefill-engine-args and --decode-engine-args)"
@@ -336,7 +346,10 @@ def _check_role(values: dict[str, Any], raw: Mapping[str, Any], source: str, rol
             f"{source}: worker_type must be '{role}' for the {role} pool, got '{given}'"
         )
     values["worker_type"] = role
-    if role == "decode" and values.get("kv_transfer_timing_mode", "full_prompt") != "full_prompt":
+    if (
+        role is Role.DECODE
+        and values.get("kv_transfer_timing_mode", "full_prompt") != "full_prompt"
+    ):
         raise ConfigError(
             f"{source}: kv_transfer_timing_mode is a prefill-side key (the source prices the "
             "transfer); set it in --prefill-engine-args"

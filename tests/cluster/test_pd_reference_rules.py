@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from servesim.cluster.runtime import Pool, Stage
-from servesim.config import parse_engine_args
+from servesim.config import Role, parse_engine_args
 from servesim.engine.request import EngineRequest
 from servesim.metrics.collector import RequestRecord
 from servesim.metrics.report import request_row
@@ -101,9 +101,9 @@ def replay(
             trace_block_size=512,
             router_mode=router_mode,
             prefill_engine=parse_engine_args(
-                {"block_size": 64, **link, **(prefill or {})}, role="prefill"
+                {"block_size": 64, **link, **(prefill or {})}, role=Role.PREFILL
             ),
-            decode_engine=parse_engine_args({"block_size": 64, **(decode or {})}, role="decode"),
+            decode_engine=parse_engine_args({"block_size": 64, **(decode or {})}, role=Role.DECODE),
             num_prefill_workers=prefill_workers,
             num_decode_workers=decode_workers,
             exact_passes=exact_passes,

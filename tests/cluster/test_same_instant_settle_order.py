@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from servesim import RunConfig, parse_engine_args, run
-from servesim.config import parse_router_config
+from servesim.config import Role, parse_router_config
 from tests.support import write_trace
 
 TRANSFER_END = 31.0965904
@@ -50,9 +50,9 @@ def test_an_arrival_at_a_transfer_end_sees_that_handoff_finished(tmp_path: Path,
             router=parse_router_config({"decode_active_request_weight": 10.0}),
             prefill_engine=parse_engine_args(
                 {"block_size": 64, "kv_transfer_bytes_per_token": 131072, **transfer},
-                role="prefill",
+                role=Role.PREFILL,
             ),
-            decode_engine=parse_engine_args({"block_size": 64, **transfer}, role="decode"),
+            decode_engine=parse_engine_args({"block_size": 64, **transfer}, role=Role.DECODE),
             num_prefill_workers=2,
             seed=seed,
         )

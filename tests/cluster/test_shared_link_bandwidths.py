@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from servesim import Report, RunConfig, parse_engine_args, run
+from servesim import Report, Role, RunConfig, parse_engine_args, run
 from tests.support import write_trace
 
 ROWS = [(0, 1000, 10, [1, 2]), (0, 1000, 10, [3, 4]), (500, 1500, 4, [5, 6, 7])]
@@ -36,10 +36,10 @@ def replay(tmp_path: Path, prefill_gb_s: float, decode_gb_s: float) -> Report:
         RunConfig(
             trace=write_trace(tmp_path / "trace.jsonl", ROWS),
             prefill_engine=parse_engine_args(
-                {**raw, "kv_transfer_bandwidth": prefill_gb_s}, role="prefill"
+                {**raw, "kv_transfer_bandwidth": prefill_gb_s}, role=Role.PREFILL
             ),
             decode_engine=parse_engine_args(
-                {**raw, "kv_transfer_bandwidth": decode_gb_s}, role="decode"
+                {**raw, "kv_transfer_bandwidth": decode_gb_s}, role=Role.DECODE
             ),
         )
     )

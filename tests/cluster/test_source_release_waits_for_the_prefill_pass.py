@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from servesim import RunConfig, parse_engine_args, run
+from servesim import Role, RunConfig, parse_engine_args, run
 from tests.support import HANDOFF_TIMELINE, write_trace
 
 REFERENCE = [
@@ -47,9 +47,9 @@ def test_the_source_is_released_at_the_end_of_the_prefill_pass_in_flight(
             trace=trace,
             prefill_engine=parse_engine_args(
                 {"block_size": 64, "kv_transfer_bytes_per_token": 131072, **transfer},
-                role="prefill",
+                role=Role.PREFILL,
             ),
-            decode_engine=parse_engine_args({"block_size": 64, **transfer}, role="decode"),
+            decode_engine=parse_engine_args({"block_size": 64, **transfer}, role=Role.DECODE),
             exact_passes=exact_passes,
         )
     )

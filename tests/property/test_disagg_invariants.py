@@ -13,7 +13,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servesim.config import EngineConfig
+from servesim.config import EngineConfig, Role
+from servesim.engine.roles import DestinationRole, SourceRole
 from servesim.metrics.collector import Terminal
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
 from servesim.workload.sharing import mark_shared_blocks
@@ -51,7 +52,7 @@ configs = st.builds(
             block_size=4,
             num_gpu_blocks=blocks,
             max_num_batched_tokens=budget,
-            worker_type="prefill",
+            worker_type=Role.PREFILL,
             dp_size=prefill_dp,
             kv_transfer_bandwidth=bandwidth,
             kv_transfer_bytes_per_token=None if bandwidth is None else 1e6,
@@ -63,7 +64,7 @@ configs = st.builds(
             num_gpu_blocks=blocks,
             max_num_batched_tokens=budget,
             max_num_seqs=seqs,
-            worker_type="decode",
+            worker_type=Role.DECODE,
             dp_size=decode_dp,
             kv_transfer_bandwidth=bandwidth,
         ),
@@ -123,9 +124,13 @@ def test_every_handoff_ends_once_and_frees_its_kv(
     for pool in flow.pools:
         for worker in pool.workers:
             for rank in worker.ranks:
-                assert rank.pool.num_active == 0 and not rank.held and not rank.pending_reservations
+                assert rank.pool.num_active == 0
                 assert not rank.waiting and not rank.running
-                assert not rank._destination_order and rank._destinations_in_transfer == 0
+                role = rank.role
+                if isinstance(role, SourceRole):
+                    assert not role.held
+                if isinstance(role, DestinationRole):
+                    assert not role.pending and not role.in_transfer and not role._order
                 rank.pool.check([])  # no table holds a block: every block is free or evictable
 
 

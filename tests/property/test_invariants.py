@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from servesim.config import EngineConfig
 from servesim.engine.request import EngineRequest
+from servesim.engine.roles import SourceRole
 from servesim.engine.worker import Worker
 from servesim.metrics.collector import Terminal
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
@@ -36,7 +37,8 @@ class CheckedWorker(Worker):
             assert started[0] >= now
         for rank in self.ranks:
             # Every reference a rank's pool counts is some request's block table.
-            tables = [r.blocks for r in (*rank.running, *rank.waiting, *rank.held.values())]
+            kept = rank.role.held.values() if isinstance(rank.role, SourceRole) else ()
+            tables = [r.blocks for r in (*rank.running, *rank.waiting, *kept)]
             rank.pool.check(tables)
             held = sum(len(r.blocks) for r in rank.running)
             assert rank.pool.num_active <= held  # shared prefix blocks are counted once

@@ -11,7 +11,7 @@ and feeds back their outcomes and the facts the engines report::
                queues the reservation (a prompt it can never hold is rejected)
                and grants its queue head, one per try: at once if its worker
                is idle, else at the end of the pass in flight (then at each
-               later pass end and command, see VllmScheduler.retry_reservation);
+               later pass end and command, see DestinationRole.retry);
                a resident cached prefix is reused, the rest is transferable
     StartTransfer: the KV moves (fixed delay, or over shared links)
     ActivateDestination: waits for the decode rank's pass in flight to end;
@@ -62,7 +62,7 @@ from servesim.cluster.links import LinkModel, TransferLinks
 from servesim.cluster.runtime import Ledger, Pool, Stage
 from servesim.config import EngineConfig
 from servesim.engine.request import EngineRequest
-from servesim.engine.vllm import VllmScheduler
+from servesim.engine.roles import DestinationRole, SourceRole
 from servesim.engine.worker import PassOutputs, Worker
 from servesim.metrics.collector import RequestRecord, Terminal
 from servesim.router.kv_router import RouteRequest
@@ -217,11 +217,11 @@ class DisaggregatedFlow:
             self._decode_finished(request.uid, now, Terminal.REJECTED)
         # Each rank of the worker (idle ones too) tries its reservation queue once per pass end.
         for rank in worker.ranks:
-            self._grant(rank.retry_reservation(), now)
+            self._grant(rank.role.retry(), now)
 
     def _decode_finished(self, uid: int, now: float, terminal: Terminal) -> None:
         handoff = self._handoffs[uid]
-        self._decode_rank(handoff).destination_finished(uid)
+        self._destination(handoff).forget(uid)
         handoff.coordinator.decode_finished()
         self._decode_policy.request_ended(uid, now)
         self._end(uid, now, terminal)
@@ -318,18 +318,19 @@ class DisaggregatedFlow:
                 request.hashes = handoff.prefill_request.hashes.copy()
             handoff.decode_request = request
         assert handoff.decode_request is not None
-        destination = self._decode_rank(handoff)
-        if destination.never_fits(handoff.decode_request):
+        worker, rank = handoff.decode_at
+        if self._decode.workers[worker].never_fits(rank, handoff.decode_request):
             self._end(uid, now, Terminal.REJECTED)
             self._outcome(uid, action, Outcome.FAILED)
             return
         # The reference queues the reservation at once; it tries the queue then only if
         # the worker is idle, else at the end of the pass in flight.
-        if self._decode.settle_worker(handoff.decode_at[0], now):
-            destination.enqueue_destination(handoff.decode_request)
+        destination = self._destination(handoff)
+        if self._decode.settle_worker(worker, now):
+            destination.enqueue(handoff.decode_request)
             self._outcome(uid, action, Outcome.ACCEPTED)
             return
-        granted = destination.reserve_destination(handoff.decode_request)
+        granted = destination.reserve(handoff.decode_request)
         self._outcome(uid, action, Outcome.ACCEPTED)
         self._grant(granted, now)
 
@@ -369,12 +370,12 @@ class DisaggregatedFlow:
         worker = handoff.decode_at[0]
         if self._deferred_past_pass(self._decode, worker, handoff.record.uid, action, now):
             return
-        destination = self._decode_rank(handoff)
-        destination.activate_destination(handoff.decode_request)
+        destination = self._destination(handoff)
+        destination.activate(handoff.decode_request)
         self._decode.wake(worker)
         handoff.record.destination_activated_ms = now
         self._outcome(handoff.record.uid, action, Outcome.APPLIED)
-        self._grant(destination.retry_reservation(), now)
+        self._grant(destination.retry(), now)
 
     def _release_source(
         self, handoff: _Handoff, action: ReleaseSource | CancelSource, now: float
@@ -383,7 +384,7 @@ class DisaggregatedFlow:
         worker = handoff.prefill_at[0]
         if self._deferred_past_pass(self._prefill, worker, handoff.record.uid, action, now):
             return
-        released = self._prefill_rank(handoff).release_source(handoff.record.uid)
+        released = self._source(handoff).release(handoff.record.uid)
         self._observe(self._prefill.workers[worker])
         if released:
             self._prefill.wake(worker)
@@ -398,11 +399,11 @@ class DisaggregatedFlow:
         worker = handoff.decode_at[0]
         if self._deferred_past_pass(self._decode, worker, handoff.record.uid, action, now):
             return
-        destination = self._decode_rank(handoff)
-        cancelled = destination.cancel_destination(handoff.decode_request)
+        destination = self._destination(handoff)
+        cancelled = destination.cancel(handoff.decode_request)
         self._outcome(handoff.record.uid, action, Outcome.APPLIED if cancelled else Outcome.NOOP)
         if cancelled:
-            self._grant(destination.retry_reservation(), now)
+            self._grant(destination.retry(), now)
 
     # ----- bookkeeping -----
 
@@ -434,12 +435,12 @@ class DisaggregatedFlow:
         if self._observer is not None:
             self._observer.observe(worker)
 
-    def _prefill_rank(self, handoff: _Handoff) -> VllmScheduler:
+    def _source(self, handoff: _Handoff) -> SourceRole:
         assert handoff.prefill_at is not None
         worker, rank = handoff.prefill_at
-        return self._prefill.workers[worker].ranks[rank]
+        return self._prefill.workers[worker].source(rank)
 
-    def _decode_rank(self, handoff: _Handoff) -> VllmScheduler:
+    def _destination(self, handoff: _Handoff) -> DestinationRole:
         assert handoff.decode_at is not None
         worker, rank = handoff.decode_at
-        return self._decode.workers[worker].ranks[rank]
+        return self._decode.workers[worker].destination(rank)

@@ -45,10 +45,11 @@ from enum import Enum
 
 import numpy as np
 
-from servesim.config import EngineConfig
+from servesim.config import EngineConfig, Role
 from servesim.engine.kv.block_pool import BlockPool, KvEvent
 from servesim.engine.kv.hashing import chain, generated_block_hash
 from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
+from servesim.engine.roles import DestinationRole, make_role
 from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
 _UNBOUNDED = 1 << 62
@@ -139,20 +140,11 @@ class VllmScheduler:
         # Tokens of the work items that computed prompt tokens (a recomputed output suffix
         # included when it rides along with prompt tokens), as the reference counts them.
         self.committed_prefill_tokens = 0
-        # Prefill role: finished requests whose KV is held for the transfer (source side).
-        self.held: dict[int, EngineRequest] = {}
-        # Decode role: destination reservations waiting for room (FIFO); the capacity
-        # generation, bumped whenever a running slot or blocks may have been freed; and the
-        # generation at which the queue head was last tried (see retry_reservation).
-        self.pending_reservations: deque[EngineRequest] = deque()
-        self._capacity_generation = 0
-        self._head_tried_at: int | None = None
-        # The order in which destinations were queued here (the reference's waiting order):
-        # an activated request joins ``waiting`` in this order, not in activation order.
-        self._destination_order: dict[int, int] = {}
-        self._destinations_queued = 0
-        self._destinations_in_transfer = 0  # reserved, not yet activated
-        self._prefill_role = config.worker_type == "prefill"
+        # Its part in a P/D handoff (see servesim.engine.roles); a prefill rank charges
+        # no decode time, a decode rank no prefill time (the prompt's KV is transferred).
+        self.role = make_role(config.worker_type, self)
+        self._computes_prompt = config.worker_type is not Role.DECODE
+        self._decodes = config.worker_type is not Role.PREFILL
         self._max_seqs = config.max_num_seqs or _UNBOUNDED
         self._max_tokens = config.max_num_batched_tokens or _UNBOUNDED
         self._lifo = config.preemption_mode == "lifo"
@@ -192,17 +184,6 @@ class VllmScheduler:
         """Whether a pass could do anything."""
         return bool(self.running or self.waiting)
 
-    # ----- P/D handoff commands (take effect at once; the runtime defers them past a pass in flight) -----
-
-    def release_source(self, uid: int) -> bool:
-        """Free the KV a finished prefill holds for its transfer; False if nothing was held."""
-        request = self.held.pop(uid, None)
-        if request is None:
-            return False
-        self._release(request)
-        self.capacity_changed()
-        return True
-
     def never_fits(self, request: EngineRequest) -> bool:
         """Whether a fresh request can never be served here, however long it waits.
 
@@ -216,7 +197,7 @@ class VllmScheduler:
         if request.status is not Status.WAITING or request.num_computed:
             return False  # preempted, or prebuilt by a transfer: it fit before
         budget = self.config.max_num_batched_tokens
-        computes_prompt = self.config.worker_type != "decode"
+        computes_prompt = self._computes_prompt
         return -(-request.length // self.block_size) > self.config.num_gpu_blocks or (
             computes_prompt
             and not self.config.enable_chunked_prefill
@@ -224,71 +205,42 @@ class VllmScheduler:
             and request.prompt_len > budget
         )
 
-    def enqueue_destination(self, request: EngineRequest) -> None:
-        """Queue a destination reservation without trying it (its worker has a pass in flight).
+    # ----- the KV operations of its P/D role (servesim.engine.roles.RoleHost) -----
 
-        The rank tries the queue head at the end of that pass
-        (:meth:`retry_reservation`).
-        """
-        self._destination_order[request.uid] = self._destinations_queued
-        self._destinations_queued += 1
-        self.pending_reservations.append(request)
+    @property
+    def num_running(self) -> int:
+        """Requests running on the rank."""
+        return len(self.running)
 
-    def reserve_destination(self, request: EngineRequest) -> tuple[EngineRequest, int, int] | None:
-        """Queue a destination reservation on this idle decode rank, then try the queue head once.
+    @property
+    def max_running(self) -> int:
+        """The most requests that may run at once (``max_num_seqs``)."""
+        return self._max_seqs
 
-        The head granted may be an earlier request: reservations are granted in
-        order, one per try. See :meth:`retry_reservation`.
-        """
-        self.enqueue_destination(request)
-        return self.retry_reservation()
+    def release_kv(self, request: EngineRequest) -> None:
+        """Return a request's blocks; its computed full blocks stay cached (if caching)."""
+        cached = request.num_computed // self.block_size if self._caching else 0
+        self.pool.release(request.blocks, request.named_blocks, cached)
 
-    def retry_reservation(self) -> tuple[EngineRequest, int, int] | None:
-        """Reserve the prompt blocks of the queue head if it fits now: at most one per call.
-
-        The reference tries once at each pass end of the rank's worker (idle
-        ranks of a DP group included) and after each command applied while the
-        worker is idle (a reservation queued, an activation, a cancel). The head
-        waits while ``max_num_seqs`` requests *run* on the rank (activated
-        requests waiting to be admitted, and reservations, do not count) or its
-        fresh blocks do not fit; once tried, it is not tried again until the
-        capacity generation changes (a request finished or was preempted, blocks
-        were released). A resident cached prefix is reused; the rest are fresh
-        blocks the transfer fills.
+    def reserve_prompt(self, request: EngineRequest) -> tuple[int, int] | None:
+        """Reserve the prompt's blocks, reusing a resident cached prefix; None if they do not fit.
 
         Returns:
-            (request, reused prompt tokens, transferable tokens = fresh blocks x
-            block size), or None when nothing was reserved.
+            (reused prompt tokens, transferable tokens = fresh blocks x block size).
         """
-        queue = self.pending_reservations
-        if not queue:
+        bs = self.block_size
+        hits = 0
+        if self._caching:
+            limit = min(request.prompt_len // bs, request.named_blocks)
+            self._ensure_hashes(request, limit)
+            hits, _ = self.pool.match_prefix(request.hashes, limit)
+        fresh = -(-request.prompt_len // bs) - hits
+        if not self.pool.allocate(request.blocks, request.hashes[:hits], fresh):
             return None
-        generation = self._capacity_generation
-        if len(self.running) >= self._max_seqs or self._head_tried_at == generation:
-            self._head_tried_at = generation
-            return None
-        self._head_tried_at = generation
-        request = queue[0]
-        if not self._try_reserve(request):
-            return None
-        queue.popleft()
-        self._head_tried_at = None  # the next head has not been tried
-        self._destinations_in_transfer += 1
-        return request, *self._reservation(request)
+        request.pending_cached = hits * bs
+        return hits * bs, fresh * bs
 
-    def reservation_due(self) -> bool:
-        """Whether :meth:`retry_reservation` would try the queue head now (so it may reserve)."""
-        return (
-            bool(self.pending_reservations)
-            and len(self.running) < self._max_seqs
-            and self._head_tried_at != self._capacity_generation
-        )
-
-    def capacity_changed(self) -> None:
-        """A running slot or blocks may have been freed: the queue head is due for a try again."""
-        self._capacity_generation += 1
-
-    def activate_destination(self, request: EngineRequest) -> None:
+    def receive_prompt(self, request: EngineRequest, order: dict[int, int]) -> None:
         """The prompt's KV has arrived: make it cache-visible and queue the request to decode.
 
         It joins ``waiting`` ahead of the requests queued here after it (a
@@ -301,8 +253,6 @@ class VllmScheduler:
             self._cache_blocks(request, request.pending_cached // self.block_size, full)
         request.pending_cached = 0
         request.status = Status.WAITING
-        self._destinations_in_transfer -= 1
-        order = self._destination_order
         mine = order[request.uid]
         waiting = self.waiting
         for index, other in enumerate(waiting):
@@ -310,45 +260,6 @@ class VllmScheduler:
                 waiting.insert(index, request)
                 return
         waiting.append(request)
-
-    def destination_finished(self, uid: int) -> None:
-        """A destination request left this rank (finished or rejected): forget its order."""
-        self._destination_order.pop(uid, None)
-
-    def cancel_destination(self, request: EngineRequest) -> bool:
-        """Drop a reservation not yet activated (queued or holding blocks); False if there was none."""
-        queue = self.pending_reservations
-        if request in queue:
-            if queue[0] is request:
-                self._head_tried_at = None
-            queue.remove(request)
-        elif request.blocks and not request.num_computed:
-            self._release(request)
-            self._destinations_in_transfer -= 1
-        else:
-            return False
-        self._destination_order.pop(request.uid, None)
-        self.capacity_changed()
-        return True
-
-    def _try_reserve(self, request: EngineRequest) -> bool:
-        bs = self.block_size
-        hits = 0
-        if self._caching:
-            limit = min(request.prompt_len // bs, request.named_blocks)
-            self._ensure_hashes(request, limit)
-            hits, _ = self.pool.match_prefix(request.hashes, limit)
-        if not self.pool.allocate(
-            request.blocks, request.hashes[:hits], -(-request.prompt_len // bs) - hits
-        ):
-            return False
-        request.pending_cached = hits * bs
-        return True
-
-    def _reservation(self, request: EngineRequest) -> tuple[int, int]:
-        reused = request.pending_cached
-        fresh = len(request.blocks) - reused // self.block_size
-        return reused, fresh * self.block_size
 
     def execute_pass(self, now: float) -> PassResult:
         """Decide and apply one pass starting at ``now``; see the module docstring."""
@@ -684,11 +595,12 @@ class VllmScheduler:
         """
         waiting = self.waiting
         head = waiting[0]
-        if self.config.worker_type != "decode":
+        destination = self.role
+        if not isinstance(destination, DestinationRole):
             return head
         prebuilt = next((r for r in waiting if r.blocks and r.num_computed), None)
-        stuck = not self.running and not self._destinations_in_transfer
-        if self.pending_reservations:
+        stuck = not self.running and not destination.in_transfer
+        if destination.pending:
             return head if prebuilt is None and stuck else prebuilt
         if prebuilt is None or prebuilt is head or not stuck or self._admission(head) is not None:
             return head
@@ -792,7 +704,7 @@ class VllmScheduler:
         """Cache the request's computed full blocks ``start..end`` that others may match.
 
         Blocks past ``named_blocks`` stay unhashed: the pool keeps them as the
-        request's own until it releases them (see :meth:`_release`).
+        request's own until it releases them (see :meth:`release_kv`).
         """
         named_end = min(end, request.named_blocks)
         if named_end > start:
@@ -807,7 +719,7 @@ class VllmScheduler:
             self._ensure_hashes(victim, full)
             self.pool.cache(victim.blocks, victim.hashes, victim.named_blocks, full)
         victim.named_blocks = ALL_BLOCKS
-        self._release(victim)
+        self.release_kv(victim)
         victim.num_computed = 0
         victim.pending_cached = 0
         victim.num_preemptions += 1
@@ -835,7 +747,7 @@ class VllmScheduler:
         """Price the pass, emit tokens and finish requests; return the pass end."""
         n_prompts, sum_isl, sum_prefix = self._batch
         prefill = 0.0
-        if n_prompts and self.config.worker_type != "decode":
+        if n_prompts and self._computes_prompt:
             prefill = self.timing.prefill_ms(
                 n_prompts, sum_isl // n_prompts, sum_prefix // n_prompts
             )
@@ -861,7 +773,7 @@ class VllmScheduler:
             decoding += members
             context += self._sum_base + members * (self._step + 1)
         decode = 0.0
-        if decoding and not self._prefill_role:
+        if decoding and self._decodes:
             decode = self.timing.decode_ms(decoding, context, context // decoding)
         # The reference rounds each part to whole nanoseconds: decode starts at the prefill's end.
         timing = self.timing
@@ -873,7 +785,7 @@ class VllmScheduler:
         result = self._result
         result.cohort_tokens = members
         result.cohort_prev_end = self.last_emit_ms
-        join = self.lazy and not self._prefill_role
+        join = self.lazy and self._decodes
         for request in ready:
             if request.generated < request.max_output:
                 request.generated += 1
@@ -892,15 +804,7 @@ class VllmScheduler:
         request.status = Status.FINISHED
         self.running.remove(request)
         del self._others[request]
-        if self._prefill_role:
-            self.held[request.uid] = request  # the source keeps its KV until ReleaseSource
-        else:
-            self._release(request)
-
-    def _release(self, request: EngineRequest) -> None:
-        """Return a request's blocks; its computed full blocks stay cached (if caching)."""
-        cached = request.num_computed // self.block_size if self._caching else 0
-        self.pool.release(request.blocks, request.named_blocks, cached)
+        self.role.finished(request)
 
     def _ensure_hashes(self, request: EngineRequest, num_blocks: int) -> None:
         """Extend ``request.hashes`` to cover at least its first ``num_blocks`` full blocks.

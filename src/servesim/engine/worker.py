@@ -26,6 +26,7 @@ import numpy as np
 from servesim.config import EngineConfig
 from servesim.engine.kv.block_pool import KvEvent
 from servesim.engine.request import EngineRequest
+from servesim.engine.roles import DestinationRole, SourceRole
 from servesim.engine.timing import make_timing
 from servesim.engine.vllm import CatchUp, DecodePlan, PassResult, VllmScheduler
 
@@ -207,7 +208,7 @@ class Worker:
             if rank.has_work():
                 result = rank.execute_pass(now)
                 if result.finished or result.preempted:
-                    rank.capacity_changed()  # a slot or blocks freed: its reservations are due
+                    rank.role.capacity_changed()  # a slot or blocks freed: its reservations are due
                 results.append(result)
         if not any(r.progressed for r in results):
             self.stalled = True
@@ -227,6 +228,24 @@ class Worker:
         self.busy_until = None
         out, self._outputs = self._outputs, PassOutputs()
         return out
+
+    # ----- its ranks' parts in P/D handoffs (the disaggregated flow's commands) -----
+
+    def source(self, rank: int) -> SourceRole:
+        """The source side of a prefill worker's rank."""
+        role = self.ranks[rank].role
+        assert isinstance(role, SourceRole), f"worker {self.worker_id} is not a prefill worker"
+        return role
+
+    def destination(self, rank: int) -> DestinationRole:
+        """The destination side of a decode worker's rank."""
+        role = self.ranks[rank].role
+        assert isinstance(role, DestinationRole), f"worker {self.worker_id} is not a decode worker"
+        return role
+
+    def never_fits(self, rank: int, request: EngineRequest) -> bool:
+        """Whether a fresh request can never be served on the rank, however long it waits."""
+        return self.ranks[rank].never_fits(request)
 
     def take_events(self) -> list[tuple[int, list[KvEvent]]]:
         """Each rank's KV events since the last call, as (rank, events)."""
@@ -274,7 +293,7 @@ class Worker:
                 out.seconds.append((plan.seconds, float(times[0])))
             finished = rank.commit_decode(plan, passes, end)
             if finished:
-                rank.capacity_changed()
+                rank.role.capacity_changed()
                 out.finished += finished
                 out.catch_ups += rank.take_catch_ups()
         if end == self.busy_until:
@@ -286,7 +305,7 @@ class Worker:
         # A rank whose reservation queue head is due tries it at the next pass end
         # and may reserve: that pass must be stepped alone. (A head already tried
         # waits for a request to finish, which ends a window anyway.)
-        if any(rank.reservation_due() for rank in self.ranks):
+        if any(rank.role.reservation_due() for rank in self.ranks):
             return None
         working = [rank for rank in self.ranks if rank.has_work()]
         plans = []
