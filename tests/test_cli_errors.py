@@ -495,3 +495,59 @@ def test_explicit_session_named_like_an_implicit_one_stays_apart(tmp_path: Path)
     assert main(["replay", str(trace), "--quiet", "--per-request-jsonl", str(jsonl)]) == 0
     rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert [(r["arrival_time_ms"], r["turn_index"]) for r in rows] == [(0.0, 0), (5.0, 0)]
+
+
+@pytest.mark.parametrize(
+    ("engine", "expect"),
+    [
+        ({"backend": "tgi"}, ["'backend'", "'vllm', 'sglang', 'trtllm'", "'tgi'"]),
+        (
+            {"backend": "vllm", "sglang": {"schedule_policy": "lpm"}},
+            ["'sglang' keys", "sglang backend", "'vllm'"],
+        ),
+        (
+            {"backend": "vllm", "trtllm": {}},
+            ["'trtllm' keys", "trtllm backend", "'vllm'"],
+        ),
+        (
+            {"backend": "sglang", "block_size": 16, "sglang": {"page_size": 32}},
+            ["page_size (32)", "block_size (16)"],
+        ),
+        (
+            {"backend": "sglang", "block_size": 16, "sglang": {"chunked_prefill_size": 1000}},
+            ["chunked_prefill_size (1000)", "multiple of block_size (16)"],
+        ),
+        (
+            {"backend": "sglang", "sglang": {"schedule_policy": "LPM"}},
+            ["schedule_policy", "'fifo', 'lpm'", "'LPM'"],
+        ),
+        (
+            {"backend": "sglang", "block_size": 16, "enable_chunked_prefill": False},
+            ["enable_chunked_prefill", "sglang"],
+        ),
+        (
+            {"backend": "trtllm", "trtllm": {"capacity_scheduler_policy": "max_utilization"}},
+            ["capacity_scheduler_policy", "'guaranteed_no_evict'", "'max_utilization'"],
+        ),
+        ({"backend": "trtllm", "block_size": 1}, ["block_size must be >= 2", "trtllm"]),
+    ],
+    ids=[
+        "unknown-backend",
+        "sglang-keys-on-vllm",
+        "trtllm-keys-on-vllm",
+        "page-size-not-block-size",
+        "chunk-not-whole-pages",
+        "policy-case",
+        "sglang-without-chunking",
+        "trtllm-policy",
+        "trtllm-block-size",
+    ],
+)
+def test_backend_keys(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    engine: dict[str, Any],
+    expect: list[str],
+) -> None:
+    """Engine keys that do not fit the chosen backend are refused, naming the key and the rule."""
+    _fails(tmp_path, capsys, *SYNTHETIC, "--extra-engine-args", json.dumps(engine), expect=expect)

@@ -28,6 +28,15 @@ class Role(StrEnum):
     DECODE = "decode"
 
 
+class Backend(StrEnum):
+    """The engine a worker simulates: its scheduler and KV cache."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+    """vLLM's core under TensorRT-LLM's ``GUARANTEED_NO_EVICT`` capacity policy."""
+
+
 Parser = Callable[[str, Any], Any]
 KeyTable = dict[str, tuple[str | None, Parser, Any]]
 """key -> (attribute, or None for a key that only validates; parser; default)."""
@@ -81,12 +90,16 @@ def _bool(key: str, value: Any) -> Any:
     return value
 
 
-def _choice(*choices: str) -> Parser:
+def _choice(*choices: str, lowercase: bool = True) -> Parser:
+    """One of ``choices``, compared case-insensitively unless ``lowercase`` is False."""
+
     def parse(key: str, value: Any) -> Any:
-        if not isinstance(value, str) or value.lower() not in choices:
-            allowed = ", ".join(repr(c) for c in choices)
+        if isinstance(value, str) and lowercase:
+            value = value.lower()
+        if not isinstance(value, str) or value not in choices:
+            allowed = ", ".join(f"'{c}'" for c in choices)
             raise ConfigError(f"'{key}' must be one of {allowed}, got {value!r}")
-        return value.lower()
+        return value
 
     return parse
 
@@ -139,34 +152,58 @@ def _timing_model(key: str, value: Any) -> TimingModelConfig:
     raise ConfigError(f"'{key}': type must be 'polynomial' or 'interpolated', got {kind!r}")
 
 
-_SGLANG_DEFAULTS = {
-    "schedule_policy": "fifo",
-    "page_size": None,
-    "max_prefill_tokens": 16384,
-    "chunked_prefill_size": 8192,
-    "clip_max_new_tokens": 4096,
-    "schedule_conservativeness": 1.0,
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SglangConfig:
+    """The ``sglang`` engine keys, with the reference's defaults.
+
+    ``new_token_ratio`` (the share of each running request's remaining output
+    that admission keeps in reserve) starts at ``0.7 x schedule_conservativeness``
+    and decays over 600 passes to 14% of that.
+    """
+
+    schedule_policy: str = "fifo"
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int = 8192
+    clip_max_new_tokens: int = 4096
+    schedule_conservativeness: float = 1.0
+
+
+_SGLANG_KEYS: KeyTable = {
+    "schedule_policy": ("schedule_policy", _choice("fifo", "lpm", lowercase=False), "fifo"),
+    # Must equal the engine's block_size (one page is one block).
+    "page_size": ("page_size", _int(1), None),
+    "max_prefill_tokens": ("max_prefill_tokens", _int(1), 16384),
+    "chunked_prefill_size": ("chunked_prefill_size", _int(1), 8192),
+    "clip_max_new_tokens": ("clip_max_new_tokens", _int(0), 4096),
+    "schedule_conservativeness": ("schedule_conservativeness", _float(0.0), 1.0),
+}
+
+_TRTLLM_KEYS: KeyTable = {
+    "capacity_scheduler_policy": (
+        None,
+        _choice("guaranteed_no_evict", lowercase=False),
+        "guaranteed_no_evict",
+    ),
 }
 
 
-def _sub_object(defaults: Mapping[str, Any]) -> Parser:
+def _sub_keys(table: KeyTable) -> Parser:
+    """A nested object of its own keys (``sglang``, ``trtllm``), parsed with ``table``."""
+
     def parse(key: str, value: Any) -> Any:
         if value is None:
             return None
         if not isinstance(value, dict):
-            raise ConfigError(f"'{key}' must be a JSON object")
-        unknown = sorted(set(value) - set(defaults))
-        if unknown:
-            raise ConfigError(f"'{key}': unknown field(s) {unknown}; known: {sorted(defaults)}")
-        return value
+            raise ConfigError(f"'{key}' must be a JSON object, got {value!r}")
+        return _parse_keys(value, table, source=f"'{key}'", kind=key)
 
     return parse
 
 
 # key -> (attribute name or None when the key only validates, parser, default)
 _ENGINE_KEYS: KeyTable = {
-    "backend": ("backend", _choice("vllm", "sglang", "trtllm"), "vllm"),
-    "engine_type": ("backend", _choice("vllm", "sglang", "trtllm"), "vllm"),
+    "backend": ("backend", _choice(*Backend), Backend.VLLM),
+    "engine_type": ("backend", _choice(*Backend), Backend.VLLM),
     "num_gpu_blocks": ("num_gpu_blocks", _int(1), 16384),
     "block_size": ("block_size", _int(0), 0),
     "max_model_len": ("max_model_len", _int(1, nullable=True), None),
@@ -189,8 +226,8 @@ _ENGINE_KEYS: KeyTable = {
     "num_gpu_blocks_is_explicit": (None, _bool, False),
     "has_perf_model": (None, _any, None),
     "aic_mtp_seed": (None, _int(0), 42),
-    "sglang": (None, _sub_object(_SGLANG_DEFAULTS), None),
-    "trtllm": (None, _sub_object({"capacity_scheduler_policy": "guaranteed_no_evict"}), None),
+    "sglang": ("sglang", _sub_keys(_SGLANG_KEYS), None),
+    "trtllm": ("trtllm", _sub_keys(_TRTLLM_KEYS), None),
     # Live-serving settings the offline replay has no use for.
     "enable_local_indexer": (None, _bool, False),
     "bootstrap_port": (None, _int(0, nullable=True), None),
@@ -225,7 +262,7 @@ _ENGINE_KEYS: KeyTable = {
     "router_queue_policy": (None, _only(None, "router queueing"), None),
 }
 
-_DEFAULT_BLOCK_SIZE = {"vllm": 64, "trtllm": 32, "sglang": 1}
+_DEFAULT_BLOCK_SIZE = {Backend.VLLM: 64, Backend.TRTLLM: 32, Backend.SGLANG: 1}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,7 +272,7 @@ class EngineConfig:
     ``max_num_seqs`` and ``max_num_batched_tokens`` of ``None`` mean unbounded.
     """
 
-    backend: str = "vllm"
+    backend: Backend = Backend.VLLM
     num_gpu_blocks: int = 16384
     block_size: int = 64
     max_model_len: int | None = None
@@ -254,6 +291,7 @@ class EngineConfig:
     kv_transfer_bandwidth: float | None = None
     kv_transfer_timing_mode: str = "full_prompt"
     kv_transfer_link_model: str = "shared"
+    sglang: SglangConfig = field(default_factory=SglangConfig)
 
     @property
     def gpus_per_worker(self) -> int:
@@ -312,21 +350,55 @@ def parse_engine_args(
     values = _parse_keys(raw, _ENGINE_KEYS, source=source, kind="engine")
     if "backend" in raw and "engine_type" in raw and values["backend"] != raw["backend"].lower():
         raise ConfigError(f"{source}: 'backend' and 'engine_type' disagree")
-    backend = values.get("backend", "vllm")
-    if backend != "vllm":
-        raise ConfigError(
-            f"{source}: backend '{backend}' is not supported by servesim yet (only 'vllm')"
-        )
+    backend = Backend(values.get("backend", Backend.VLLM))
+    values["backend"] = backend
     _check_role(values, raw, source, role)
+    for name, owner in (("sglang", Backend.SGLANG), ("trtllm", Backend.TRTLLM)):
+        if values.get(name) is not None and backend is not owner:
+            raise ConfigError(
+                f"{source}: '{name}' keys configure the {owner} backend, but the backend is "
+                f"'{backend}' (set \"backend\": \"{owner}\" or remove '{name}')"
+            )
+    values.pop("trtllm", None)  # its one policy is the only one accepted
+    sglang = values.pop("sglang", None) or {}
+    page_size = sglang.pop("page_size", None)
     if "block_size" not in values:
-        values["block_size"] = _DEFAULT_BLOCK_SIZE[backend]
-    if values["block_size"] <= 0:
-        raise ConfigError(f"{source}: block_size must be positive, got {values['block_size']}")
-    if values["block_size"] < 2:
+        values["block_size"] = page_size or _DEFAULT_BLOCK_SIZE[backend]
+    block_size = values["block_size"]
+    if block_size <= 0:
+        raise ConfigError(f"{source}: block_size must be positive, got {block_size}")
+    if backend is Backend.SGLANG:
+        values["sglang"] = _sglang_config(sglang, values, page_size, source)
+        raise ConfigError(f"{source}: backend 'sglang' is not supported by servesim yet")
+    elif block_size < 2:
         raise ConfigError(
-            f"{source}: block_size must be >= 2 for the vllm backend, got {values['block_size']}"
+            f"{source}: block_size must be >= 2 for the {backend} backend, got {block_size}"
         )
     return EngineConfig(**values)
+
+
+def _sglang_config(
+    keys: dict[str, Any], values: dict[str, Any], page_size: int | None, source: str
+) -> SglangConfig:
+    """Validate the ``sglang`` keys against the rest of the engine (one page is one block)."""
+    block_size = values["block_size"]
+    if page_size is not None and page_size != block_size:
+        raise ConfigError(
+            f"{source}: sglang.page_size ({page_size}) must equal block_size ({block_size}): "
+            "one page is one KV block"
+        )
+    config = SglangConfig(**keys)
+    if config.chunked_prefill_size % block_size:
+        raise ConfigError(
+            f"{source}: sglang.chunked_prefill_size ({config.chunked_prefill_size}) must be a "
+            f"multiple of block_size ({block_size})"
+        )
+    if not values.get("enable_chunked_prefill", True):
+        raise ConfigError(
+            f"{source}: enable_chunked_prefill=false is not supported for the sglang backend "
+            "(it chunks by sglang.chunked_prefill_size)"
+        )
+    return config
 
 
 def _check_role(values: dict[str, Any], raw: Mapping[str, Any], source: str, role: Role) -> None:

@@ -45,7 +45,7 @@ from enum import Enum
 
 import numpy as np
 
-from servesim.config import EngineConfig, Role
+from servesim.config import Backend, EngineConfig, Role
 from servesim.engine.kv.block_pool import BlockPool, KvEvent
 from servesim.engine.kv.hashing import chain, generated_block_hash
 from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
@@ -148,6 +148,8 @@ class VllmScheduler:
         self._max_seqs = config.max_num_seqs or _UNBOUNDED
         self._max_tokens = config.max_num_batched_tokens or _UNBOUNDED
         self._lifo = config.preemption_mode == "lifo"
+        # TensorRT-LLM's GUARANTEED_NO_EVICT: admit against blocks to completion, never preempt.
+        self._no_evict = config.backend is Backend.TRTLLM
         self._caching = config.enable_prefix_caching
         # Decode cohort (see the module docstring). _step counts this rank's passes;
         # _others holds the running requests that are not members.
@@ -176,7 +178,16 @@ class VllmScheduler:
     # ----- public API -----
 
     def submit(self, request: EngineRequest) -> None:
-        """Queue a new request at the back of waiting."""
+        """Queue a new request at the back of waiting.
+
+        Under TensorRT-LLM's no-evict policy a request's prompt and output must
+        fit the rank's KV at once: its output is clamped to the room the prompt
+        leaves (a prompt that fills the rank is rejected at admission).
+        """
+        if self._no_evict:
+            room = self.config.total_kv_tokens - request.prompt_len
+            if room > 0:
+                request.max_output = min(request.max_output, room)
         request.status = Status.WAITING
         self.waiting.append(request)
 
@@ -198,7 +209,7 @@ class VllmScheduler:
             return False  # preempted, or prebuilt by a transfer: it fit before
         budget = self.config.max_num_batched_tokens
         computes_prompt = self._computes_prompt
-        return -(-request.length // self.block_size) > self.config.num_gpu_blocks or (
+        return -(-self._footprint(request) // self.block_size) > self.config.num_gpu_blocks or (
             computes_prompt
             and not self.config.enable_chunked_prefill
             and budget is not None
@@ -616,20 +627,34 @@ class VllmScheduler:
             # Prebuilt on a decode rank: its blocks were reserved and filled by the transfer.
             return 0
         bs = self.block_size
-        length = request.length
-        num_blocks = -(-length // bs)
         if self.never_fits(request):
             return -1
         hits = active_hits = 0
         if self._caching:
-            # Recompute rule: the last token is always computed (its logits are needed).
-            limit = min((length - 1) // bs, request.named_blocks)
+            # vLLM's recompute rule: the last token is always computed (its logits are
+            # needed). TensorRT-LLM reuses every cached block.
+            length = request.length
+            limit = length // bs if self._no_evict else (length - 1) // bs
+            limit = min(limit, request.named_blocks)
             self._ensure_hashes(request, limit)
             hits, active_hits = self.pool.match_prefix(request.hashes, limit)
         available = self.config.num_gpu_blocks - self.pool.num_active
-        if num_blocks - active_hits > available:
+        if self._no_evict:
+            # Every running request keeps the blocks it will still need to finish.
+            available -= sum(self._blocks_to_finish(r) for r in self.running)
+        if -(-self._footprint(request) // bs) - active_hits > available:
             return None
         return hits * bs
+
+    def _footprint(self, request: EngineRequest) -> int:
+        """Tokens the admission check reserves: the known sequence, or (no-evict) the whole request."""
+        if self._no_evict:
+            return request.prompt_len + request.max_output
+        return request.length
+
+    def _blocks_to_finish(self, request: EngineRequest) -> int:
+        """Blocks a running request still needs to reach its full length (no-evict)."""
+        return max(0, -(-self._footprint(request) // self.block_size) - len(request.blocks))
 
     def _schedule(self, request: EngineRequest, *, from_waiting: bool) -> _Outcome:
         """Give a request its share of the budget and the blocks it needs."""
@@ -696,7 +721,9 @@ class VllmScheduler:
 
     def _pick_victim(self) -> EngineRequest | None:
         running = self.running
-        if not running:
+        if not running or self._no_evict:
+            # No-evict admission reserves every request's blocks to completion, so
+            # this is reached only where the reference logs a violation and waits.
             return None
         return running[-1] if self._lifo else running[0]
 
