@@ -369,7 +369,6 @@ def parse_engine_args(
         raise ConfigError(f"{source}: block_size must be positive, got {block_size}")
     if backend is Backend.SGLANG:
         values["sglang"] = _sglang_config(sglang, values, page_size, source)
-        raise ConfigError(f"{source}: backend 'sglang' is not supported by servesim yet")
     elif block_size < 2:
         raise ConfigError(
             f"{source}: block_size must be >= 2 for the {backend} backend, got {block_size}"

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from servesim.engine.kv.radix_cache import RadixLease
 
 
 class Prompt(Protocol):
@@ -53,6 +56,7 @@ class EngineRequest:
         "generated",
         "hashes",
         "joined_step",
+        "lease",
         "max_output",
         "named_blocks",
         "num_computed",
@@ -96,6 +100,8 @@ class EngineRequest:
         # Leading blocks cached under their hash; later ones are cached unnamed
         # (no other request can match them) until a preemption names them.
         self.named_blocks = ALL_BLOCKS if shared_blocks is None else shared_blocks
+        # Its pages on an SGLang rank (see servesim.engine.sglang).
+        self.lease: RadixLease | None = None
 
     @property
     def length(self) -> int:

@@ -34,14 +34,8 @@ Reservation = tuple[EngineRequest, int, int]
 class RoleHost(Protocol):
     """The KV operations of a rank's scheduler that its role needs."""
 
-    @property
-    def num_running(self) -> int:
-        """Requests running on the rank."""
-        ...
-
-    @property
-    def max_running(self) -> int:
-        """The most requests that may run at once."""
+    def destination_slot_free(self) -> bool:
+        """Whether a reservation may be granted now as far as running requests go."""
         ...
 
     def release_kv(self, request: EngineRequest) -> None:
@@ -55,6 +49,10 @@ class RoleHost(Protocol):
             (reused prompt tokens, tokens the transfer must fill), or None
             when the prompt does not fit now.
         """
+        ...
+
+    def cancel_reservation(self, request: EngineRequest) -> None:
+        """Drop the KV reserved for a prompt whose transfer will not happen."""
         ...
 
     def receive_prompt(self, request: EngineRequest, order: dict[int, int]) -> None:
@@ -123,9 +121,9 @@ class DestinationRole(RankRole):
     The reference tries the queue head once at each pass end of the rank's
     worker (idle ranks of a DP group included) and after each command applied
     while the worker is idle (a reservation queued, an activation, a cancel).
-    The head waits while the rank's running slots are full (activated requests
-    waiting to be admitted, and reservations, do not count) or its prompt does
-    not fit; once tried, it is not tried again until the capacity generation
+    The head waits while its prompt does not fit or, on a vLLM rank, while its
+    running slots are full (activated requests waiting to be admitted, and
+    reservations, do not count); once tried, it is not tried again until the capacity generation
     changes (a request finished or was preempted, KV was released).
     """
 
@@ -149,7 +147,7 @@ class DestinationRole(RankRole):
     def reservation_due(self) -> bool:
         return (
             bool(self.pending)
-            and self._host.num_running < self._host.max_running
+            and self._host.destination_slot_free()
             and self._head_tried_at != self._generation
         )
 
@@ -175,7 +173,7 @@ class DestinationRole(RankRole):
         generation = self._generation
         tried = self._head_tried_at == generation
         self._head_tried_at = generation
-        if tried or self._host.num_running >= self._host.max_running:
+        if tried or not self._host.destination_slot_free():
             return None
         request = self.pending[0]
         reserved = self._host.reserve_prompt(request)
@@ -199,7 +197,7 @@ class DestinationRole(RankRole):
             self.pending.remove(request)
         elif request in self.in_transfer:
             self.in_transfer.remove(request)
-            self._host.release_kv(request)
+            self._host.cancel_reservation(request)
         else:
             return False
         self._order.pop(request.uid, None)

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
@@ -49,7 +48,8 @@ from servesim.config import Backend, EngineConfig, Role
 from servesim.engine.kv.block_pool import BlockPool, KvEvent
 from servesim.engine.kv.hashing import chain, generated_block_hash
 from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
-from servesim.engine.roles import DestinationRole, make_role
+from servesim.engine.roles import DestinationRole, SourceRole, make_role
+from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult
 from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
 _UNBOUNDED = 1 << 62
@@ -59,62 +59,6 @@ class _Outcome(Enum):
     SCHEDULED = 0
     BLOCKED = 1
     CURRENT_PREEMPTED = 2
-
-
-@dataclass(slots=True, kw_only=True)
-class PassResult:
-    """What one rank's pass did; its outputs become visible at ``end_ms``.
-
-    Attributes:
-        end_ms: when the pass ends (``== start`` for a pass that did nothing).
-        admitted: (request, reused prefix tokens) admitted from waiting at the pass start.
-        emitted: requests that produced one output token, stamped at ``end_ms``.
-        finished: requests that reached their output length (their blocks are released).
-        rejected: requests dropped because they can never fit.
-        preempted: requests preempted (sent back to waiting) in this pass.
-        progressed: whether the pass scheduled, emitted, finished or rejected anything.
-        cohort_tokens: decode-cohort members that emitted one token (not in ``emitted``).
-        seconds: the members among them for which it was their second token on this rank.
-        cohort_prev_end: when those members' previous token was stamped (the rank's
-            previous pass end).
-    """
-
-    end_ms: float
-    admitted: list[tuple[EngineRequest, int]] = field(default_factory=list)
-    emitted: list[EngineRequest] = field(default_factory=list)
-    finished: list[EngineRequest] = field(default_factory=list)
-    rejected: list[EngineRequest] = field(default_factory=list)
-    preempted: list[EngineRequest] = field(default_factory=list)
-    progressed: bool = False
-    cohort_tokens: int = 0
-    seconds: list[EngineRequest] = field(default_factory=list)
-    cohort_prev_end: float = 0.0
-
-
-CatchUp = tuple[EngineRequest, int, float]
-"""A request leaving the decode cohort: (request, tokens it got as a member, last token time)."""
-
-
-@dataclass(slots=True, kw_only=True)
-class DecodePlan:
-    """A rank's next passes when they are decode-only over its decode cohort.
-
-    Attributes:
-        members: how many requests decode (each gets a token every pass).
-        first_step: the rank's pass number of the first planned pass.
-        prev_end_ms: when the members' previous token was stamped.
-        seconds: members whose token in the first planned pass is their second on this rank.
-        durations: each planned pass's duration (ms, as the clock advances).
-        removals: (pass index, hash) of the Removed events the plan's evictions
-            publish at the start of that pass (only when KV events are recorded).
-    """
-
-    members: int
-    first_step: int
-    prev_end_ms: float
-    seconds: list[EngineRequest]
-    durations: np.ndarray
-    removals: list[tuple[int, int]]
 
 
 class VllmScheduler:
@@ -191,6 +135,11 @@ class VllmScheduler:
         request.status = Status.WAITING
         self.waiting.append(request)
 
+    @property
+    def kv_events(self) -> list[KvEvent] | None:
+        """The KV events recorded since they were last taken (None: not recorded)."""
+        return self.pool.events
+
     def has_work(self) -> bool:
         """Whether a pass could do anything."""
         return bool(self.running or self.waiting)
@@ -218,15 +167,13 @@ class VllmScheduler:
 
     # ----- the KV operations of its P/D role (servesim.engine.roles.RoleHost) -----
 
-    @property
-    def num_running(self) -> int:
-        """Requests running on the rank."""
-        return len(self.running)
+    def destination_slot_free(self) -> bool:
+        """A reservation waits while ``max_num_seqs`` requests run."""
+        return len(self.running) < self._max_seqs
 
-    @property
-    def max_running(self) -> int:
-        """The most requests that may run at once (``max_num_seqs``)."""
-        return self._max_seqs
+    def cancel_reservation(self, request: EngineRequest) -> None:
+        """Free the blocks reserved for a prompt whose transfer will not happen."""
+        self.release_kv(request)
 
     def release_kv(self, request: EngineRequest) -> None:
         """Return a request's blocks; its computed full blocks stay cached (if caching)."""
@@ -832,6 +779,22 @@ class VllmScheduler:
         self.running.remove(request)
         del self._others[request]
         self.role.finished(request)
+
+    def check(self) -> None:
+        """Assert the pool's invariants given every block table of the rank's requests.
+
+        The tables are those of waiting and running requests, of finished
+        prefills holding their KV for a transfer, and of destinations whose
+        transfer is under way.
+        """
+        role = self.role
+        kept: list[EngineRequest] = []
+        if isinstance(role, SourceRole):
+            kept += role.held.values()
+        if isinstance(role, DestinationRole):
+            kept += role.in_transfer
+        self.pool.check([r.blocks for r in (*self.running, *self.waiting, *kept)])
+        assert self.pool.num_active <= sum(len(r.blocks) for r in (*self.running, *kept))
 
     def _ensure_hashes(self, request: EngineRequest, num_blocks: int) -> None:
         """Extend ``request.hashes`` to cover at least its first ``num_blocks`` full blocks.

@@ -23,12 +23,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from servesim.config import EngineConfig
+from servesim.config import Backend, EngineConfig
 from servesim.engine.kv.block_pool import KvEvent
 from servesim.engine.request import EngineRequest
 from servesim.engine.roles import DestinationRole, SourceRole
+from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankScheduler
+from servesim.engine.sglang import SglangScheduler
 from servesim.engine.timing import make_timing
-from servesim.engine.vllm import CatchUp, DecodePlan, PassResult, VllmScheduler
+from servesim.engine.vllm import VllmScheduler
+
+_SCHEDULERS: dict[Backend, type[VllmScheduler] | type[SglangScheduler]] = {
+    Backend.VLLM: VllmScheduler,
+    Backend.TRTLLM: VllmScheduler,  # under the no-evict policy
+    Backend.SGLANG: SglangScheduler,
+}
 
 MAX_WINDOW = 4096
 """Most passes one window plans (bounds the arrays; a longer stretch takes several windows)."""
@@ -61,7 +69,7 @@ class PassOutputs:
 
 @dataclass(slots=True)
 class _Window:
-    plans: list[tuple[VllmScheduler, DecodePlan]]
+    plans: list[tuple[RankScheduler, DecodePlan]]
     ends: np.ndarray  # end of each planned pass
 
 
@@ -106,8 +114,9 @@ class Worker:
         self.fast_forward = fast_forward
         timing = make_timing(config)
         # With kv_events, each rank records its KV events for a router to drain (see take_events).
-        self.ranks = [
-            VllmScheduler(config, timing, events=[] if kv_events else None, lazy=fast_forward)
+        scheduler = _SCHEDULERS[config.backend]
+        self.ranks: list[RankScheduler] = [
+            scheduler(config, timing, events=[] if kv_events else None, lazy=fast_forward)
             for _ in range(config.dp_size)
         ]
         self.busy_until: float | None = None
@@ -251,7 +260,7 @@ class Worker:
         """Each rank's KV events since the last call, as (rank, events)."""
         out = []
         for index, rank in enumerate(self.ranks):
-            events = rank.pool.events
+            events = rank.kv_events
             if events:
                 out.append((index, events.copy()))
                 events.clear()

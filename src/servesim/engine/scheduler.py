@@ -1,0 +1,134 @@
+"""What every rank scheduler (vLLM, SGLang) offers its worker, and what one pass reports.
+
+A worker drives its ranks through :class:`RankScheduler`: queue requests, run
+a pass at ``now`` and read its :class:`PassResult`; a scheduler that can
+fast-forward decode-only stretches plans them (:class:`DecodePlan`, see
+:mod:`servesim.engine.worker`), the others plan none.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from servesim.engine.kv.block_pool import KvEvent
+from servesim.engine.request import EngineRequest
+from servesim.engine.roles import RankRole
+from servesim.engine.timing import TimingModel
+
+
+@dataclass(slots=True, kw_only=True)
+class PassResult:
+    """What one rank's pass did; its outputs become visible at ``end_ms``.
+
+    Attributes:
+        end_ms: when the pass ends (``== start`` for a pass that did nothing).
+        admitted: (request, reused prefix tokens) admitted from waiting at the pass start.
+        emitted: requests that produced one output token, stamped at ``end_ms``.
+        finished: requests that reached their output length (their blocks are released).
+        rejected: requests dropped because they can never fit.
+        preempted: requests preempted (sent back to waiting) in this pass.
+        progressed: whether the pass scheduled, emitted, finished or rejected anything.
+        cohort_tokens: decode-cohort members that emitted one token (not in ``emitted``).
+        seconds: the members among them for which it was their second token on this rank.
+        cohort_prev_end: when those members' previous token was stamped (the rank's
+            previous pass end).
+    """
+
+    end_ms: float
+    admitted: list[tuple[EngineRequest, int]] = field(default_factory=list)
+    emitted: list[EngineRequest] = field(default_factory=list)
+    finished: list[EngineRequest] = field(default_factory=list)
+    rejected: list[EngineRequest] = field(default_factory=list)
+    preempted: list[EngineRequest] = field(default_factory=list)
+    progressed: bool = False
+    cohort_tokens: int = 0
+    seconds: list[EngineRequest] = field(default_factory=list)
+    cohort_prev_end: float = 0.0
+
+
+CatchUp = tuple[EngineRequest, int, float]
+"""A request leaving the decode cohort: (request, tokens it got as a member, last token time)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class DecodePlan:
+    """A rank's next passes when they are decode-only over its decode cohort.
+
+    Attributes:
+        members: how many requests decode (each gets a token every pass).
+        first_step: the rank's pass number of the first planned pass.
+        prev_end_ms: when the members' previous token was stamped.
+        seconds: members whose token in the first planned pass is their second on this rank.
+        durations: each planned pass's duration (ms, as the clock advances).
+        removals: (pass index, hash) of the Removed events the plan's evictions
+            publish at the start of that pass (only when KV events are recorded).
+    """
+
+    members: int
+    first_step: int
+    prev_end_ms: float
+    seconds: list[EngineRequest]
+    durations: np.ndarray
+    removals: list[tuple[int, int]]
+
+
+class RankScheduler(Protocol):
+    """One DP rank's scheduler, as its worker drives it."""
+
+    role: RankRole
+    timing: TimingModel
+    waiting: deque[EngineRequest]
+    running: list[EngineRequest]
+    committed_prefill_tokens: int
+    last_emit_ms: float
+    catch_ups: list[CatchUp]
+
+    @property
+    def kv_events(self) -> list[KvEvent] | None:
+        """The KV events recorded since they were last taken (None: not recorded)."""
+        ...
+
+    @property
+    def passes(self) -> int:
+        """Passes this rank has run (its fast-forward clock)."""
+        ...
+
+    def submit(self, request: EngineRequest) -> None:
+        """Queue a new request."""
+        ...
+
+    def has_work(self) -> bool:
+        """Whether a pass could do anything."""
+        ...
+
+    def never_fits(self, request: EngineRequest) -> bool:
+        """Whether a fresh request can never be served here, however long it waits."""
+        ...
+
+    def execute_pass(self, now: float) -> PassResult:
+        """Decide and apply one pass starting at ``now``."""
+        ...
+
+    def plan_decode(self, limit: int) -> DecodePlan | None:
+        """Up to ``limit`` decode-only passes to fast-forward, or None."""
+        ...
+
+    def commit_decode(self, plan: DecodePlan, passes: int, end_ms: float) -> list[EngineRequest]:
+        """Apply a plan's first ``passes`` passes; return the requests that finished."""
+        ...
+
+    def take_catch_ups(self) -> list[CatchUp]:
+        """Requests that left fast-forwarded decoding since the last call."""
+        ...
+
+    def check(self) -> None:
+        """Assert the KV invariants against the requests the rank holds (tests call it)."""
+        ...
+
+    def flush_cohort(self, passes_ended: int, last_ms: float) -> None:
+        """At a time cap: bring fast-forwarded requests' records up to ``passes_ended`` passes."""
+        ...
