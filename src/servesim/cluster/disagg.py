@@ -60,7 +60,7 @@ from servesim.cluster.handoff import (
 )
 from servesim.cluster.links import LinkModel, TransferLinks
 from servesim.cluster.runtime import Ledger, Pool, Stage
-from servesim.config import EngineConfig
+from servesim.config import Backend, EngineConfig
 from servesim.engine.request import EngineRequest
 from servesim.engine.roles import DestinationRole, SourceRole
 from servesim.engine.worker import PassOutputs, Worker
@@ -68,6 +68,12 @@ from servesim.metrics.collector import RequestRecord, Terminal
 from servesim.router.kv_router import RouteRequest
 from servesim.router.routing import PlacementPolicy, RoundRobinPolicy, Routed
 from servesim.workload.admission import Released
+
+_HANDOFF_ORDER = {
+    Backend.VLLM: HandoffOrder.SOURCE_FIRST,
+    Backend.TRTLLM: HandoffOrder.SOURCE_FIRST,
+    Backend.SGLANG: HandoffOrder.DESTINATION_FIRST,
+}
 
 
 @dataclass(slots=True)
@@ -118,6 +124,8 @@ class DisaggregatedFlow:
         self._block_size = prefill_config.block_size
         self._ledger = ledger
         self._prefill_config = prefill_config
+        # SGLang reserves the destination before the prefill runs; vLLM and TRT-LLM after.
+        self._order = _HANDOFF_ORDER[prefill_config.backend]
         self._handoffs: dict[int, _Handoff] = {}
         self._pending: deque[tuple[int, Action]] = deque()
         self._deferred: dict[tuple[Stage, int], list[tuple[int, Action]]] = {}
@@ -135,11 +143,16 @@ class DisaggregatedFlow:
     # ----- Flow protocol -----
 
     def admit(self, record: RequestRecord, released: Released, now: float) -> None:
-        """See :class:`~servesim.cluster.runtime.Flow`: start the request's handoff."""
-        handoff = _Handoff(record, released, HandoffCoordinator(HandoffOrder.SOURCE_FIRST))
+        """See :class:`~servesim.cluster.runtime.Flow`: start the request's handoff.
+
+        Its first action runs at the flow's next settle step: after the passes
+        that can start at ``now`` have started, as in the reference (a decode
+        worker that has just finished a pass is busy again when a request
+        released at that instant asks it for a destination).
+        """
+        handoff = _Handoff(record, released, HandoffCoordinator(self._order))
         self._handoffs[record.uid] = handoff
         self._queue(record.uid, handoff.coordinator.start())
-        self._drive(now)
 
     def on_pass_start(
         self, pool: Pool, worker: Worker, admitted: list[tuple[EngineRequest, int]], now: float

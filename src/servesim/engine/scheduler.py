@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -81,6 +81,8 @@ class RankScheduler(Protocol):
 
     role: RankRole
     timing: TimingModel
+    events_at_pass_end: ClassVar[bool]
+    """Whether a pass's KV events become visible at its end (SGLang) or at its start (vLLM)."""
     waiting: deque[EngineRequest]
     running: list[EngineRequest]
     committed_prefill_tokens: int

@@ -41,6 +41,7 @@ are published as the radix cache stores and removes pages.
 from __future__ import annotations
 
 from collections import deque
+from typing import ClassVar
 
 from servesim.config import EngineConfig, Role
 from servesim.engine.kv.block_pool import KvEvent
@@ -67,6 +68,8 @@ RETRACT_DECODE_STEPS = 20
 
 class SglangScheduler:
     """Waiting, prebuilt and running requests and the radix KV cache of one rank."""
+
+    events_at_pass_end: ClassVar[bool] = True
 
     def __init__(
         self,

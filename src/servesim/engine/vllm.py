@@ -41,6 +41,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from enum import Enum
+from typing import ClassVar
 
 import numpy as np
 
@@ -63,6 +64,8 @@ class _Outcome(Enum):
 
 class VllmScheduler:
     """Waiting and running queues, token budget and KV blocks of one rank."""
+
+    events_at_pass_end: ClassVar[bool] = False
 
     def __init__(
         self,

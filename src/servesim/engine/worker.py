@@ -257,7 +257,13 @@ class Worker:
         return self.ranks[rank].never_fits(request)
 
     def take_events(self) -> list[tuple[int, list[KvEvent]]]:
-        """Each rank's KV events since the last call, as (rank, events)."""
+        """Each rank's KV events since the last call, as (rank, events).
+
+        An engine whose events become visible at a pass's end (SGLang) shows
+        none while a pass is in flight.
+        """
+        if self.busy_until is not None and self.ranks[0].events_at_pass_end:
+            return []
         out = []
         for index, rank in enumerate(self.ranks):
             events = rank.kv_events
