@@ -10,10 +10,10 @@ full prompt or only the blocks the destination lacks).
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from servesim.config import EngineConfig, Role
+from servesim.config import Backend, EngineConfig, Role
 from servesim.engine.roles import DestinationRole, SourceRole
 from servesim.metrics.collector import Terminal
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
@@ -47,8 +47,9 @@ def sessions_of(reqs: list[tuple[list[int], int, float]]) -> list[Session]:
 
 
 configs = st.builds(
-    lambda blocks, budget, bandwidth, link, mode, prefill_dp, decode_dp, seqs: (
+    lambda blocks, budget, bandwidth, link, mode, prefill_dp, decode_dp, seqs, backend: (
         EngineConfig(
+            backend=backend,
             block_size=4,
             num_gpu_blocks=blocks,
             max_num_batched_tokens=budget,
@@ -60,6 +61,7 @@ configs = st.builds(
             kv_transfer_timing_mode=mode,
         ),
         EngineConfig(
+            backend=backend,
             block_size=4,
             num_gpu_blocks=blocks,
             max_num_batched_tokens=budget,
@@ -77,6 +79,7 @@ configs = st.builds(
     st.integers(1, 2),
     st.integers(1, 2),
     st.one_of(st.none(), st.integers(1, 4)),
+    st.sampled_from(list(Backend)),
 )
 
 
@@ -94,9 +97,16 @@ def test_every_handoff_ends_once_and_frees_its_kv(
     decode_workers: int,
 ) -> None:
     """Each request ends once, completed with all its tokens; no handoff, KV block or reservation outlives the run."""
+    prefill, decode = engines
+    if prefill.backend is Backend.SGLANG:
+        # An SGLang decode rank reserves a destination's prompt pages whatever runs; when
+        # those reservations leave a lone running request no page to grow into, nothing
+        # can be retracted and the run reaches a dead end (as the reference would stall).
+        # Keep to workloads whose requests all fit the decode rank at once.
+        pages = sum(-(-(len(ids) * 8 - 2 + out) // 4) for ids, out, _ in reqs)
+        assume(pages <= decode.num_gpu_blocks)
     sessions = sessions_of(reqs)
     mark_shared_blocks(sessions, 4)
-    prefill, decode = engines
     collector, flow, _ = replay_disaggregated(
         sessions, prefill, decode, prefill_workers=prefill_workers, decode_workers=decode_workers
     )
@@ -108,17 +118,26 @@ def test_every_handoff_ends_once_and_frees_its_kv(
         assert record.source_held_ms is not None and record.source_released_ms is not None
         assert record.destination_reserved_ms is not None
         assert record.destination_activated_ms is not None and record.decode_admit_ms is not None
-        assert (
-            record.source_held_ms
-            <= record.destination_reserved_ms
-            <= record.destination_activated_ms
-            <= record.source_released_ms
-        )
+        assert record.destination_activated_ms <= record.source_released_ms
         assert record.destination_activated_ms <= record.decode_admit_ms
+        if prefill.backend is Backend.SGLANG:  # destination first
+            assert record.prefill_admit_ms is not None
+            assert (
+                record.destination_reserved_ms
+                <= record.prefill_admit_ms
+                <= record.source_held_ms
+                <= record.destination_activated_ms
+            )
+        else:
+            assert (
+                record.source_held_ms
+                <= record.destination_reserved_ms
+                <= record.destination_activated_ms
+            )
+            # Round robin walks the prefill ranks worker-major, in arrival order.
+            assert record.prefill_worker == (record.uid % targets) // prefill.dp_size
         # As the reference reports, whatever the reservation reused.
         assert record.decode_reused == 0
-        # Round robin walks the prefill ranks worker-major, in arrival order.
-        assert record.prefill_worker == (record.uid % targets) // prefill.dp_size
         assert record.dp_rank is not None and 0 <= record.dp_rank < decode.dp_size
     assert not flow._handoffs, "a handoff never retired"
     for pool in flow.pools:

@@ -188,6 +188,8 @@ class SglangScheduler:
                 else:
                     prefilled.append(request)
             result.end_ms = self._first_tokens(prefilled, start, result)
+            for request in prefilled:
+                request.status = Status.RUNNING
             self.running += prefilled
         else:
             result.end_ms = self._decode_step(self.running, start, result)

@@ -191,7 +191,12 @@ class VllmScheduler:
         """
         bs = self.block_size
         hits = 0
-        if self._caching:
+        if self._no_evict:
+            # TensorRT-LLM reserves fresh blocks (no prefix credit), and only while the
+            # request's whole footprint fits beside every promise already made.
+            if -(-self._footprint(request) // bs) > self._no_evict_room():
+                return None
+        elif self._caching:
             limit = min(request.prompt_len // bs, request.named_blocks)
             self._ensure_hashes(request, limit)
             hits, _ = self.pool.match_prefix(request.hashes, limit)
@@ -588,13 +593,28 @@ class VllmScheduler:
             limit = min(limit, request.named_blocks)
             self._ensure_hashes(request, limit)
             hits, active_hits = self.pool.match_prefix(request.hashes, limit)
-        available = self.config.num_gpu_blocks - self.pool.num_active
         if self._no_evict:
-            # Every running request keeps the blocks it will still need to finish.
-            available -= sum(self._blocks_to_finish(r) for r in self.running)
+            available = self._no_evict_room()
+        else:
+            available = self.config.num_gpu_blocks - self.pool.num_active
         if -(-self._footprint(request) // bs) - active_hits > available:
             return None
         return hits * bs
+
+    def _no_evict_room(self) -> int:
+        """Free blocks no request has been promised (TensorRT-LLM's no-evict accounting).
+
+        Every running request keeps the blocks it still needs to finish, and so
+        does every destination whose prompt KV is in transfer or has arrived
+        but does not run yet.
+        """
+        promised = sum(self._blocks_to_finish(r) for r in self.running)
+        if isinstance(self.role, DestinationRole):
+            promised += sum(self._blocks_to_finish(r) for r in self.role.in_transfer)
+            promised += sum(
+                self._blocks_to_finish(r) for r in self.waiting if r.blocks and r.num_computed
+            )
+        return self.config.num_gpu_blocks - self.pool.num_active - promised
 
     def _footprint(self, request: EngineRequest) -> int:
         """Tokens the admission check reserves: the known sequence, or (no-evict) the whole request."""
