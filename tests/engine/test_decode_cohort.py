@@ -39,7 +39,13 @@ def run(*, lazy: bool) -> list[tuple[float, int, int, int, int]]:
         now = result.end_ms
         s.last_emit_ms = now  # what the worker does when the pass ends
         out.append(
-            (now, len(result.emitted), result.cohort_tokens, len(request.blocks), s.pool.num_free)
+            (
+                now,
+                len(result.emitted),
+                sum(count for _, count in result.cohorts),
+                len(request.blocks),
+                s.pool.num_free,
+            )
         )
     return out
 

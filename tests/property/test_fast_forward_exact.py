@@ -13,7 +13,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servesim.config import EngineConfig
+from servesim.config import Backend, EngineConfig
 from servesim.engine.worker import Worker
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
 from servesim.workload.sharing import mark_shared_blocks
@@ -107,6 +107,7 @@ def same(a: object, b: object) -> bool:
     budget=st.integers(8, 128),
     concurrency=st.one_of(st.none(), st.integers(1, 4)),
     cap=st.one_of(st.none(), st.floats(50, 2000, allow_nan=False)),
+    backend=st.sampled_from(list(Backend)),
 )
 def test_fast_forward_records_equal_exact_passes(
     sessions_spec: list[tuple[float, list[tuple[list[int], int, float]]]],
@@ -116,11 +117,16 @@ def test_fast_forward_records_equal_exact_passes(
     budget: int,
     concurrency: int | None,
     cap: float | None,
+    backend: Backend,
 ) -> None:
     """Every request's times, tokens, reuse, placement and status agree in both modes, and
     so do the token-gap statistics (ITL and per-user rate: count, extremes, moments, percentiles)."""
     config = EngineConfig(
-        block_size=4, num_gpu_blocks=blocks, max_num_batched_tokens=budget, dp_size=dp_size
+        backend=backend,
+        block_size=4,
+        num_gpu_blocks=blocks,
+        max_num_batched_tokens=budget,
+        dp_size=dp_size,
     )
     fast = replay(sessions_spec, config, workers, concurrency, cap, fast=True)
     exact = replay(sessions_spec, config, workers, concurrency, cap, fast=False)

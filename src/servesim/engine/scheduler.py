@@ -32,10 +32,10 @@ class PassResult:
         rejected: requests dropped because they can never fit.
         preempted: requests preempted (sent back to waiting) in this pass.
         progressed: whether the pass scheduled, emitted, finished or rejected anything.
-        cohort_tokens: decode-cohort members that emitted one token (not in ``emitted``).
+        cohorts: decode-cohort members that emitted one token (not in ``emitted``),
+            as (when their previous token was stamped, how many), one entry per
+            previous-token time.
         seconds: the members among them for which it was their second token on this rank.
-        cohort_prev_end: when those members' previous token was stamped (the rank's
-            previous pass end).
     """
 
     end_ms: float
@@ -45,9 +45,8 @@ class PassResult:
     rejected: list[EngineRequest] = field(default_factory=list)
     preempted: list[EngineRequest] = field(default_factory=list)
     progressed: bool = False
-    cohort_tokens: int = 0
+    cohorts: list[tuple[float, int]] = field(default_factory=list)
     seconds: list[EngineRequest] = field(default_factory=list)
-    cohort_prev_end: float = 0.0
 
 
 CatchUp = tuple[EngineRequest, int, float]

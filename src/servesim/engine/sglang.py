@@ -40,17 +40,24 @@ are published as the radix cache stores and removes pages.
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import deque
 from typing import ClassVar
 
 from servesim.config import EngineConfig, Role
 from servesim.engine.kv.block_pool import KvEvent
 from servesim.engine.kv.hashing import generated_block_hash
-from servesim.engine.kv.radix_cache import DestinationReservation, RadixKvManager, RadixLease
+from servesim.engine.kv.radix_cache import (
+    DecodeReservation,
+    DestinationReservation,
+    RadixKvManager,
+    RadixLease,
+)
 from servesim.engine.request import EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
 from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult
-from servesim.engine.timing import TimingModel, pass_duration
+from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
 _UNBOUNDED = 1 << 62
 LPM_FALLBACK_THRESHOLD = 128
@@ -79,7 +86,6 @@ class SglangScheduler:
         events: list[KvEvent] | None = None,
         lazy: bool = False,
     ) -> None:
-        del lazy  # no decode fast-forward: every pass is stepped
         self.config = config
         self.timing = timing
         self.block_size = config.block_size
@@ -110,10 +116,31 @@ class SglangScheduler:
         self._reservations: dict[EngineRequest, DestinationReservation] = {}
         self.committed_prefill_tokens = 0
         self.preemptions_total = 0
-        self.last_emit_ms = 0.0
+        self._last_emit_ms = 0.0
         self.catch_ups: list[CatchUp] = []
         self._passes = 0
         self._survivors: list[EngineRequest] = []
+        self._unservable: list[EngineRequest] = []
+        # Decode cohort (see the module docstring): every running request but those
+        # that entered running in the current pass. _decode_index counts decode passes.
+        self.lazy = lazy
+        self._decode_index = 0
+        self._members: dict[EngineRequest, None] = {}
+        self._others: list[EngineRequest] = []  # running, not members (in running order)
+        self._seq = 0
+        self._sum_base = 0
+        self._due: dict[int, list[EngineRequest]] = {}
+        self._due_steps: list[int] = []
+        # Members by the time of their previous token: those that joined since the last
+        # decode pass (their first or re-admission token), the rest at that pass's end.
+        self._joined: dict[EngineRequest, float] = {}
+        self._fresh: set[EngineRequest] = set()  # joined with their first token
+        # Ends of the last two decode passes: a group pass's end (its slowest rank's),
+        # known when the worker sets last_emit_ms (_decode_pending until then).
+        self._last_decode_end = 0.0
+        self._prev_decode_end = 0.0
+        self._decode_pending = False
+        self._last_pass_decoded = False
 
     # ----- what the worker drives (servesim.engine.scheduler.RankScheduler) -----
 
@@ -123,19 +150,40 @@ class SglangScheduler:
         return self.kv.events
 
     @property
+    def last_emit_ms(self) -> float:
+        """End of this rank's latest pass (its worker's group pass end)."""
+        return self._last_emit_ms
+
+    @last_emit_ms.setter
+    def last_emit_ms(self, end: float) -> None:
+        """The worker ended a pass at ``end``: the times of tokens that came in it are known."""
+        self._last_emit_ms = end
+        if self._decode_pending:
+            self._prev_decode_end, self._last_decode_end = self._last_decode_end, end
+            self._decode_pending = False
+        joined = self._joined
+        for request, at in joined.items():
+            if math.isnan(at):
+                joined[request] = end
+
+    @property
     def passes(self) -> int:
         """Passes this rank has run."""
         return self._passes
 
     def submit(self, request: EngineRequest) -> None:
-        """Queue a new request at the back of waiting."""
+        """Queue a new request at the back of waiting (one that can never run is rejected
+        at the next pass start, as the reference does)."""
         request.status = Status.WAITING
         request.lease = RadixLease()
-        self.waiting.append(request)
+        if self.never_fits(request):
+            self._unservable.append(request)
+        else:
+            self.waiting.append(request)
 
     def has_work(self) -> bool:
         """Whether a pass could do anything."""
-        return bool(self.running or self.waiting or self.prebuilt)
+        return bool(self.running or self.waiting or self.prebuilt or self._unservable)
 
     def never_fits(self, request: EngineRequest) -> bool:
         """Whether a fresh request can never be served here: its prompt reaches
@@ -147,25 +195,129 @@ class SglangScheduler:
         return pages > self.config.num_gpu_blocks
 
     def plan_decode(self, limit: int) -> DecodePlan | None:
-        """No fast-forward: every SGLang pass is stepped."""
-        return None
+        """Plan up to ``limit`` decode passes over the cohort, to be applied lazily.
+
+        That holds while every running request is a member whose previous token
+        came at the last decode pass, nothing waits to be admitted, no KV events
+        are recorded, and the free and evictable pages cover every page the
+        members' tokens need without a retraction. The plan ends with the pass
+        in which the first member finishes. Planning changes nothing.
+        """
+        members = self._members
+        if (
+            not members
+            or self.waiting
+            or self.prebuilt
+            or self._others
+            or self._joined
+            or self._unservable
+            or self.kv.events is not None
+            or (isinstance(self.role, DestinationRole) and self.role.pending)
+        ):
+            return None
+        d, ps, n = self._decode_index, self.block_size, len(members)
+        passes = min(limit, min(r.finish_step for r in members) - d + 1)
+        room = (self.kv.available_tokens + self.kv.evictable_tokens) // ps
+        if n * (passes // ps + 1) > room:
+            # Pass j gives a member a page when its length before the token, cohort_base
+            # + d + j, is a multiple of the page size; a pass whose pages would exceed
+            # the room retracts, so the window stops before it.
+            needs = sorted(
+                j for r in members for j in range((-(r.cohort_base + d)) % ps, passes, ps)
+            )
+            if len(needs) > room:
+                passes = needs[room]
+        if passes < 2:
+            return None
+        timing = self.timing
+        series = timing.decode_series(n, self._sum_base + n * d, passes)
+        return DecodePlan(
+            members=n,
+            first_step=d,
+            prev_end_ms=self._last_decode_end,
+            seconds=[],
+            durations=pass_durations(series / timing.decode_divisor),
+            removals=[],
+        )
 
     def commit_decode(self, plan: DecodePlan, passes: int, end_ms: float) -> list[EngineRequest]:
-        """Never called: :meth:`plan_decode` plans nothing."""
-        raise AssertionError("an SGLang rank plans no decode windows")
+        """Apply the first ``passes`` passes of ``plan`` (the last ends at ``end_ms``).
+
+        The members' page events are visited pass by pass in running order, as
+        stepping visits them, so pages, evictions and the radix tree are identical.
+
+        Returns:
+            The requests that finished in the last applied pass.
+        """
+        last = plan.first_step + passes - 1
+        kv, ps = self.kv, self.block_size
+        finished: list[EngineRequest] = []
+        steps = self._due_steps
+        while steps and steps[0] <= last:
+            d = steps[0]
+            due = self._take_due(d)
+            growth = ps * sum(1 for r in due if (r.cohort_base + d) % ps == 0)
+            shortfall = growth - kv.available_tokens
+            if shortfall > 0:
+                kv.evict(shortfall)
+            reservation = kv.reserve_decode_pages(growth // ps)
+            assert reservation is not None, "the plan kept to the free and evictable pages"
+            for request in due:
+                self._decode_member(request, d, reservation)
+                if request.finish_step == d:
+                    assert d == last, "a plan ends with its first member's last token"
+                    finished.append(request)
+            kv.release_decode_reservation(reservation)
+        for _ in range(passes):
+            self._decay_ratio()
+        self._passes += passes
+        self._decode_index = last + 1
+        self._last_decode_end = end_ms
+        self._prev_decode_end = math.nan  # the worker knows it (see flush_cohort)
+        self._decode_pending = False
+        self._last_pass_decoded = True
+        for request in finished:
+            self._depart(request)
+            self._set_progress(request, last + 1)
+            self.catch_ups.append((request, last + 1 - request.joined_step, end_ms))
+            request.status = Status.FINISHED
+            self.role.finished(request)
+        if finished:
+            self._remove_running(finished)
+        return finished
 
     def take_catch_ups(self) -> list[CatchUp]:
-        """Nothing is fast-forwarded, so nothing catches up."""
-        return []
+        """Members that left the decode cohort since the last call."""
+        out, self.catch_ups = self.catch_ups, []
+        return out
 
     def flush_cohort(self, passes_ended: int, last_ms: float) -> None:
-        """Nothing is fast-forwarded, so nothing to flush."""
+        """At a time cap: every member leaves, counting the tokens of the first ``passes_ended`` passes."""
+        hidden = passes_ended < self._passes and self._last_pass_decoded
+        visible = self._decode_index - hidden
+        last = self._last_decode_end
+        if hidden and not self._decode_pending:  # the hidden pass ended a window
+            last = self._prev_decode_end
+            if math.isnan(last):  # inside the window: the worker has its previous pass end
+                last = last_ms
+        for request in self._members:
+            tokens = visible - request.joined_step
+            if tokens > 0:
+                self.catch_ups.append((request, tokens, last))
+        self._members.clear()
+        self._due.clear()
+        self._due_steps.clear()
+        self._joined.clear()
+        self._fresh.clear()
 
     def execute_pass(self, now: float) -> PassResult:
         """Decide and apply one pass starting at ``now``; see the module docstring."""
         self._passes += 1
         result = PassResult(end_ms=now)
-        self._reject_unservable(result)
+        if self._unservable:
+            for request in self._unservable:
+                request.status = Status.FINISHED
+            result.rejected, self._unservable = self._unservable, []
         self._promote_prebuilt(result)
         if self._lpm:
             self._lpm_reorder()
@@ -189,33 +341,49 @@ class SglangScheduler:
                     prefilled.append(request)
             result.end_ms = self._first_tokens(prefilled, start, result)
             for request in prefilled:
-                request.status = Status.RUNNING
-            self.running += prefilled
+                self._enter_running(request)
         else:
-            result.end_ms = self._decode_step(self.running, start, result)
+            result.end_ms = self._decode_pass(start, result)
+        self._last_pass_decoded = not batch and bool(result.emitted or result.cohorts)
         for request in result.finished:
             self._finish(request)
         self.waiting += result.preempted  # retracted: to the back, as SGLang re-queues them
         if result.preempted:
             self.new_token_ratio = self._retraction_ratio()
         elif not batch:  # the ratio decays on decode passes
-            self.new_token_ratio = max(self.new_token_ratio - self._ratio_step, self._ratio_floor)
+            self._decay_ratio()
         result.progressed = bool(
             result.admitted or result.emitted or result.finished or result.rejected
-        ) or bool(result.preempted or admitted)
+        ) or bool(result.preempted or admitted or result.cohorts)
+        if self._others:
+            self._join_others(result)
         return result
 
-    def _reject_unservable(self, result: PassResult) -> None:
-        """Drop waiting requests that can never run here (see :meth:`never_fits`)."""
-        if any(self.never_fits(r) for r in self.waiting if not r.num_computed):
-            keep: deque[EngineRequest] = deque()
-            for request in self.waiting:
-                if not request.num_computed and self.never_fits(request):
-                    request.status = Status.FINISHED
-                    result.rejected.append(request)
-                else:
-                    keep.append(request)
-            self.waiting = keep
+    def _join_others(self, result: PassResult) -> None:
+        """After a pass: running requests that emitted in it join the cohort (lazy mode)."""
+        if not self.lazy:
+            self._others = []
+            return
+        emitted = set(result.emitted)
+        stay = []
+        for request in self._others:
+            if request.status is not Status.RUNNING:
+                continue
+            if request in emitted:
+                self._join(request, math.nan)  # at the pass end, known when it ends
+            else:
+                stay.append(request)  # promoted, no token yet: it joins after one
+        self._others = stay
+
+    def _decay_ratio(self) -> None:
+        self.new_token_ratio = max(self.new_token_ratio - self._ratio_step, self._ratio_floor)
+
+    def _enter_running(self, request: EngineRequest) -> None:
+        request.status = Status.RUNNING
+        request.seq = self._seq
+        self._seq += 1
+        self.running.append(request)
+        self._others.append(request)
 
     # ----- admission -----
 
@@ -223,8 +391,7 @@ class SglangScheduler:
         prebuilt, running = self.prebuilt, self.running
         while prebuilt and len(running) < self._max_running:
             request = prebuilt.popleft()
-            request.status = Status.RUNNING
-            running.append(request)
+            self._enter_running(request)
             result.admitted.append((request, 0))
 
     def _lpm_reorder(self) -> None:
@@ -256,7 +423,7 @@ class SglangScheduler:
         ps, kv, clip, ratio = self.block_size, self.kv, self._clip, self.new_token_ratio
         reserved = 0.0
         for request in self.running:
-            reserved += min(request.max_output - request.generated, clip) * ratio
+            reserved += min(request.max_output - self._generated(request), clip) * ratio
         rem_total = (kv.available_tokens + kv.evictable_tokens) - reserved
         rem_input = float(self._max_prefill)
         rem_chunk = float(self._chunk)
@@ -335,6 +502,181 @@ class SglangScheduler:
         if batch:
             self._grow(batch, result)
         return start
+
+    def _decode_pass(self, start: float, result: PassResult) -> float:
+        """A pass that admitted nothing: one decode step over every running request."""
+        if self._members:
+            end = self._lazy_decode_step(start, result)
+        else:
+            end = self._decode_step(self.running, start, result)
+        if result.emitted or result.cohorts:
+            self._decode_index += 1
+            self._decode_pending = True
+        return end
+
+    # ----- the decode cohort -----
+
+    def _lazy_decode_step(self, start: float, result: PassResult) -> float:
+        """:meth:`_decode_step` with the cohort members visited only at their events.
+
+        A member's event is a token that needs a new page, completes a page, or
+        is its last (it then leaves the cohort at the pass start). Falls back
+        to stepping every request when a retraction may be needed.
+        """
+        d, ps, kv = self._decode_index, self.block_size, self.kv
+        due = self._take_due(d)
+        for request in due:
+            if request.finish_step == d:
+                self._leave(request, d)
+        others = self._others
+        if any(r.generated >= r.max_output for r in others):
+            done = [r for r in others if r.generated >= r.max_output]
+            self._remove_running(done)
+            others[:] = [r for r in others if r.generated < r.max_output]
+            result.finished += done  # at their output length already: no token
+        members = [r for r in due if r in self._members]
+        crossing = sum(1 for r in members if (r.cohort_base + d) % ps == 0)
+        growth = crossing * ps + self._page_growth(others)
+        if kv.available_tokens + kv.evictable_tokens < growth and len(self.running) > 1:
+            self._sync_all()
+            return self._decode_step(self.running, start, result)
+        count = len(self._members)
+        total = self._sum_base + count * d + sum(r.length for r in others)
+        batch = count + len(others)
+        decode = self.timing.decode_ms(batch, total, total // batch)
+        shortfall = growth - kv.available_tokens
+        if shortfall > 0:
+            kv.evict(shortfall)
+        reservation = kv.reserve_decode_pages(growth // ps)
+        assert reservation is not None, "free pages were made for the step"
+        finished = []
+        for request in sorted(members + others, key=_running_order) if others else members:
+            lease = request.lease
+            assert lease is not None
+            if request in self._members:
+                self._decode_member(request, d, reservation)
+                continue
+            kv.extend_decode(lease, reservation)
+            request.generated += 1
+            request.num_computed += 1
+            result.emitted.append(request)
+            if request.generated >= request.max_output:
+                finished.append(request)
+            else:
+                self._cache_prefix(request)
+        kv.release_decode_reservation(reservation)
+        if finished:
+            self._remove_running(finished)
+            result.finished += finished
+        # Members' tokens: one count per previous-token time.
+        last = self._last_decode_end
+        groups: dict[float, int] = {}
+        for at in self._joined.values():
+            groups[at] = groups.get(at, 0) + 1
+        stayed = count - len(self._joined)
+        if stayed:
+            groups[last] = groups.get(last, 0) + stayed
+        result.cohorts += sorted(groups.items())
+        result.seconds += [r for r in self._joined if r in self._fresh]
+        self._joined.clear()
+        self._fresh.clear()
+        return start + pass_duration(decode / self.timing.decode_divisor)
+
+    def _remove_running(self, requests: list[EngineRequest]) -> None:
+        gone = set(requests)
+        self.running = [r for r in self.running if r not in gone]
+
+    def _generated(self, request: EngineRequest) -> int:
+        """The request's output tokens now (a member's count is kept implicitly)."""
+        if request in self._members:
+            return request.cohort_base + self._decode_index - request.prompt_len
+        return request.generated
+
+    def _join(self, request: EngineRequest, at: float) -> None:
+        """A running request whose last token came at ``at`` joins the cohort."""
+        d = self._decode_index
+        request.cohort_base = request.length - d
+        request.joined_step = d
+        request.finish_step = d + request.max_output - request.generated - 1
+        self._members[request] = None
+        self._sum_base += request.cohort_base
+        self._joined[request] = at
+        if request.generated == 1:
+            self._fresh.add(request)
+        self._file(request, d)
+
+    def _decode_member(
+        self, request: EngineRequest, d: int, reservation: DecodeReservation
+    ) -> None:
+        """A member's token at decode pass ``d`` when it is an event (a page to take or complete)."""
+        lease = request.lease
+        assert lease is not None
+        self._set_progress(request, d)
+        self.kv.extend_decode(lease, reservation)
+        request.generated += 1
+        request.num_computed += 1
+        if request.finish_step != d:
+            self._cache_prefix(request)
+            self._file(request, d + 1)
+
+    def _depart(self, request: EngineRequest) -> None:
+        del self._members[request]
+        self._sum_base -= request.cohort_base
+        self._joined.pop(request, None)
+        self._fresh.discard(request)
+
+    def _leave(self, request: EngineRequest, d: int) -> None:
+        """A member leaves the cohort before decode pass ``d``, its progress caught up."""
+        self._depart(request)
+        tokens = d - request.joined_step
+        self._set_progress(request, d)
+        if tokens > 0:
+            self.catch_ups.append((request, tokens, self._last_decode_end))
+        self._others.append(request)
+        self._others.sort(key=_running_order)
+
+    def _sync_all(self) -> None:
+        """Every member leaves (a pass that must step request by request)."""
+        d = self._decode_index
+        for request in list(self._members):
+            self._leave(request, d)
+        self._due.clear()
+        self._due_steps.clear()
+
+    def _set_progress(self, request: EngineRequest, d: int) -> None:
+        """Bring a member's counters to where they stand before decode pass ``d``."""
+        length = request.cohort_base + d
+        request.generated = length - request.prompt_len
+        request.num_computed = length
+        lease = request.lease
+        assert lease is not None
+        lease.num_tokens = length
+
+    def _file(self, request: EngineRequest, after: int) -> None:
+        """File a member under its next event at decode pass ``after`` or later."""
+        ps = self.block_size
+        base = request.cohort_base
+        crossing = after + (-(base + after)) % ps
+        completing = after + (-(base + after + 1)) % ps
+        step = min(crossing, completing, request.finish_step)
+        bucket = self._due.get(step)
+        if bucket is None:
+            self._due[step] = [request]
+            heapq.heappush(self._due_steps, step)
+        else:
+            bucket.append(request)
+
+    def _take_due(self, d: int) -> list[EngineRequest]:
+        """The members with an event at decode pass ``d``, in running order."""
+        steps = self._due_steps
+        while steps and steps[0] < d:  # buckets of members that left
+            self._due.pop(heapq.heappop(steps), None)
+        if not steps or steps[0] != d:
+            return []
+        heapq.heappop(steps)
+        due = [r for r in self._due.pop(d) if r in self._members]
+        due.sort(key=_running_order)
+        return due
 
     def _decode_step(self, batch: list[EngineRequest], start: float, result: PassResult) -> float:
         """One decode step over ``batch`` (in place); returns when its tokens are stamped."""
@@ -467,6 +809,8 @@ class SglangScheduler:
 
     def check(self) -> None:
         """Assert the radix cache's invariants given every lease and reservation of the rank."""
+        for member in self._members:
+            self._set_progress(member, self._decode_index)
         role = self.role
         requests = [*self.running, *self.waiting, *self.prebuilt]
         if isinstance(role, SourceRole):
@@ -514,3 +858,7 @@ class SglangScheduler:
 
 def _output_length(request: EngineRequest) -> int:
     return request.generated
+
+
+def _running_order(request: EngineRequest) -> int:
+    return request.seq

@@ -780,8 +780,8 @@ class VllmScheduler:
             + pass_duration(decode, timing.decode_divisor)
         )
         result = self._result
-        result.cohort_tokens = members
-        result.cohort_prev_end = self.last_emit_ms
+        if members:
+            result.cohorts.append((self.last_emit_ms, members))
         join = self.lazy and self._decodes
         for request in ready:
             if request.generated < request.max_output:

@@ -358,8 +358,7 @@ def _collect(results: list[PassResult]) -> PassOutputs:
         out.emitted += result.emitted
         out.finished += result.finished
         out.rejected += result.rejected
-        if result.cohort_tokens:
-            out.cohorts.append((result.cohort_prev_end, result.cohort_tokens, None))
+        out.cohorts += [(prev_end, members, None) for prev_end, members in result.cohorts]
         if result.seconds:
             out.seconds.append((result.seconds, None))
     return out
