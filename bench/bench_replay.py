@@ -47,6 +47,7 @@ REFCHECK = SHARED / "reference" / "refcheck.py"
 
 MOONCAKE = str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl")
 ENGINE = {"block_size": 64}
+SGLANG_ENGINE = {"backend": "sglang", "block_size": 64, "sglang": {"schedule_policy": "lpm"}}
 
 
 def mooncake(**cluster: object) -> dict[str, object]:
@@ -88,6 +89,10 @@ BENCHMARKS: dict[str, tuple[str, dict[str, object]]] = {
             prefill_engine=ENGINE,
             decode_engine=ENGINE,
         ),
+    ),
+    "sglang": (
+        "Mooncake conversation trace, 16 SGLang workers (LPM), round robin",
+        mooncake(num_workers=16, engine=SGLANG_ENGINE),
     ),
     "batch": (
         "synthetic 2,000 in / 300 out, concurrency 256, 4 workers",

@@ -257,19 +257,21 @@ class SglangScheduler:
             d = steps[0]
             due = self._take_due(d)
             growth = ps * sum(1 for r in due if (r.cohort_base + d) % ps == 0)
-            shortfall = growth - kv.available_tokens
-            if shortfall > 0:
-                kv.evict(shortfall)
-            reservation = kv.reserve_decode_pages(growth // ps)
-            assert reservation is not None, "the plan kept to the free and evictable pages"
+            reservation = None
+            if growth:
+                shortfall = growth - kv.available_tokens
+                if shortfall > 0:
+                    kv.evict(shortfall)
+                reservation = kv.reserve_decode_pages(growth // ps)
+                assert reservation is not None, "the plan kept to the free and evictable pages"
             for request in due:
                 self._decode_member(request, d, reservation)
                 if request.finish_step == d:
                     assert d == last, "a plan ends with its first member's last token"
                     finished.append(request)
-            kv.release_decode_reservation(reservation)
-        for _ in range(passes):
-            self._decay_ratio()
+            if reservation is not None:
+                kv.release_decode_reservation(reservation)
+        self._decay_ratio(passes)
         self._passes += passes
         self._decode_index = last + 1
         self._last_decode_end = end_ms
@@ -375,8 +377,13 @@ class SglangScheduler:
                 stay.append(request)  # promoted, no token yet: it joins after one
         self._others = stay
 
-    def _decay_ratio(self) -> None:
-        self.new_token_ratio = max(self.new_token_ratio - self._ratio_step, self._ratio_floor)
+    def _decay_ratio(self, passes: int = 1) -> None:
+        """The ratio's decay over ``passes`` decode passes, step by step (as floats round)."""
+        ratio, step, floor = self.new_token_ratio, self._ratio_step, self._ratio_floor
+        while passes and ratio > floor:
+            ratio = max(ratio - step, floor)
+            passes -= 1
+        self.new_token_ratio = ratio
 
     def _enter_running(self, request: EngineRequest) -> None:
         request.status = Status.RUNNING
@@ -606,15 +613,22 @@ class SglangScheduler:
         self._file(request, d)
 
     def _decode_member(
-        self, request: EngineRequest, d: int, reservation: DecodeReservation
+        self, request: EngineRequest, d: int, reservation: DecodeReservation | None
     ) -> None:
-        """A member's token at decode pass ``d`` when it is an event (a page to take or complete)."""
+        """A member's token at decode pass ``d`` when it is an event (a page to take or complete).
+
+        ``reservation`` holds the pages the pass's crossing tokens take (None: no token
+        of the pass takes one).
+        """
         lease = request.lease
         assert lease is not None
-        self._set_progress(request, d)
-        self.kv.extend_decode(lease, reservation)
-        request.generated += 1
-        request.num_computed += 1
+        length = request.cohort_base + d + 1  # after the token
+        request.generated = length - request.prompt_len
+        request.num_computed = length
+        if (length - 1) % self.block_size == 0:
+            assert reservation is not None
+            lease.pages.append(reservation.take())
+        lease.num_tokens = length
         if request.finish_step != d:
             self._cache_prefix(request)
             self._file(request, d + 1)

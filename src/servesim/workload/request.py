@@ -17,11 +17,12 @@ class BlockContentCache:
     is a short run-length key such as ``((token, 64),)``.
     """
 
-    __slots__ = ("_chains", "_hashes", "_uniform")
+    __slots__ = ("_by_size", "_chains", "_hashes", "_uniform")
 
     def __init__(self) -> None:
         self._hashes: dict[tuple[tuple[int, int], ...], int] = {}
         self._uniform: dict[tuple[int, int], int] = {}
+        self._by_size: dict[int, dict[int, int]] = {}  # block size -> token -> uniform hash
         # (sequence hash before a trace block, its token, engine block size) -> the
         # sequence hashes of the engine blocks filling that trace block.
         self._chains: dict[tuple[int | None, int, int], tuple[int, ...]] = {}
@@ -46,7 +47,15 @@ class BlockContentCache:
         h = self._uniform.get(key)
         if h is None:
             h = self._uniform[key] = hash_tokens(token.to_bytes(4, "little") * count)
+            self.uniform_hashes(count)[token] = h
         return h
+
+    def uniform_hashes(self, count: int) -> dict[int, int]:
+        """The uniform hashes known for blocks of ``count`` tokens, by token (read-only to callers)."""
+        known = self._by_size.get(count)
+        if known is None:
+            known = self._by_size[count] = {}
+        return known
 
     def local_hash(self, runs: tuple[tuple[int, int], ...]) -> int:
         """Hash of a block made of ``count`` copies of each ``token``, in order."""
@@ -78,9 +87,11 @@ class TracePrompt:
             # Each engine block lies inside one trace block: one run of one token.
             per_id = tbs // block_size
             uniform_hash = self._cache.uniform_hash
+            known = self._cache.uniform_hashes(block_size)
             out = []
             for token in tokens[: -(-num_blocks // per_id)]:
-                out += [uniform_hash(token, block_size)] * per_id
+                h = known.get(token)
+                out += [uniform_hash(token, block_size) if h is None else h] * per_id
             return out[:num_blocks]
         out = []
         for j in range(num_blocks):

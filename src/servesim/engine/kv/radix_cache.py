@@ -607,6 +607,13 @@ class DecodeReservation:
     def __len__(self) -> int:
         return len(self.pages) - self.next
 
+    def take(self) -> PageId:
+        """The next reserved page (running out is a broken invariant)."""
+        assert self.next < len(self.pages), "decode reservation exhausted"
+        page = self.pages[self.next]
+        self.next += 1
+        return page
+
 
 class DestinationReservation:
     """A decode-side reservation for a prompt's KV arriving from a prefill worker.
