@@ -17,21 +17,32 @@ KV lives in a radix cache over pages of ``block_size`` tokens
    new_token_ratio``). A prompt larger than what is left of
    ``chunked_prefill_size`` is chunked (whole pages); a chunked request
    returns to the front of ``waiting`` with its complete pages cached.
-4. **Time**: the prefill of the admitted chunks (batch size, mean end
-   position, mean cached or own prefix), then one decode step. An *extend
-   pass* (something was admitted) decodes only the requests whose prefill
-   completed in it, emitting their first token; the running requests wait. A
-   *decode pass* steps every running request. Every token of the pass is
-   stamped at its end.
-5. **Decode step**: requests already at their output length finish without a
-   token; while free plus evictable KV cannot take one more token per
-   request, the request with the fewest output tokens is *retracted* (its
-   uncached pages freed; it goes back to the front of ``waiting`` and
-   recomputes through the cache) and ``new_token_ratio`` is reset; each
+4. **Prefill pass** (something was admitted): the prefill of the admitted
+   chunks (batch size, mean end position, mean cached or own prefix) and
+   nothing else: the requests whose prefill completed get their first token
+   (produced by the prefill forward, at no decode cost; one that ends with
+   it needs no KV slot) and join ``running``; the running requests wait.
+5. **Decode pass** (nothing admitted): one decode step over every running
+   request. Requests already at their output length finish without a token;
+   while free plus evictable KV cannot take one more token per request, the
+   request with the fewest output tokens (the first of equals) is
+   *retracted*: its uncached pages are freed, it goes to the back of
+   ``waiting`` with its outputs kept and recomputes through the cache, and
+   ``new_token_ratio`` is re-estimated from the requests that stay. Each
    request then gets one token slot and one token; its completed pages enter
    the radix tree; a finished request caches its page-floored sequence and
-   unlocks.
-6. ``new_token_ratio`` decays by its step after every pass, down to its floor.
+   unlocks. ``new_token_ratio`` decays by its step after each decode pass,
+   down to its floor.
+
+Every token of a pass is stamped at its end.
+
+**Decode cohort** (``lazy=True``): a running request that has emitted on the
+rank is a member; its length is ``cohort_base`` plus the rank's count of
+decode passes, and it is visited only at a decode pass where its token takes
+a new page, completes one, or is its last (it leaves at that pass's start).
+A decode-only stretch is planned as a fast-forward window
+(:meth:`SglangScheduler.plan_decode`). Stepping (``lazy=False``) gives the
+same results.
 
 Decode time prices SGLang's *logical* KV: the sum of the batch's sequence
 lengths (vLLM prices the physical active blocks). KV events, when recorded,
@@ -556,21 +567,12 @@ class SglangScheduler:
             kv.evict(shortfall)
         reservation = kv.reserve_decode_pages(growth // ps)
         assert reservation is not None, "free pages were made for the step"
-        finished = []
+        finished: list[EngineRequest] = []
         for request in sorted(members + others, key=_running_order) if others else members:
-            lease = request.lease
-            assert lease is not None
             if request in self._members:
                 self._decode_member(request, d, reservation)
-                continue
-            kv.extend_decode(lease, reservation)
-            request.generated += 1
-            request.num_computed += 1
-            result.emitted.append(request)
-            if request.generated >= request.max_output:
-                finished.append(request)
             else:
-                self._cache_prefix(request)
+                self._decode_token(request, reservation, result, finished)
         kv.release_decode_reservation(reservation)
         if finished:
             self._remove_running(finished)
@@ -721,23 +723,34 @@ class SglangScheduler:
         reservation = kv.reserve_decode_pages(growth // self.block_size)
         if reservation is None:
             return False
-        finished = []
+        finished: list[EngineRequest] = []
         for request in batch:
-            lease = request.lease
-            assert lease is not None
-            kv.extend_decode(lease, reservation)
-            request.generated += 1
-            request.num_computed += 1
-            result.emitted.append(request)
-            if request.generated >= request.max_output:
-                finished.append(request)
-            else:
-                self._cache_prefix(request)
+            self._decode_token(request, reservation, result, finished)
         kv.release_decode_reservation(reservation)
         if finished:
             batch[:] = [r for r in batch if r.generated < r.max_output]
             result.finished += finished
         return True
+
+    def _decode_token(
+        self,
+        request: EngineRequest,
+        reservation: DecodeReservation,
+        result: PassResult,
+        finished: list[EngineRequest],
+    ) -> None:
+        """A stepped request's token: its slot (a reserved page at a page start), the
+        token, and its completed page cached, or its end."""
+        lease = request.lease
+        assert lease is not None
+        self.kv.extend_decode(lease, reservation)
+        request.generated += 1
+        request.num_computed += 1
+        result.emitted.append(request)
+        if request.generated >= request.max_output:
+            finished.append(request)
+        else:
+            self._cache_prefix(request)
 
     def _page_growth(self, batch: list[EngineRequest]) -> int:
         """Token slots the batch's next token needs on new pages."""
