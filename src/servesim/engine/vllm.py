@@ -129,10 +129,15 @@ class VllmScheduler:
 
         Under TensorRT-LLM's no-evict policy a request's prompt and output must
         fit the rank's KV at once: its output is clamped to the room the prompt
-        leaves (a prompt that fills the rank is rejected at admission).
+        leaves in the KV and under ``max_model_len`` (a prompt that fills
+        either is rejected at admission).
         """
         if self._no_evict:
+            # It reserves through completion: only the output it can realise counts.
             room = self.config.total_kv_tokens - request.prompt_len
+            max_len = self.config.max_model_len
+            if max_len is not None:
+                room = min(room, max_len - request.prompt_len)
             if room > 0:
                 request.max_output = min(request.max_output, room)
         request.status = Status.WAITING
