@@ -187,6 +187,7 @@ class SglangScheduler:
         at the next pass start, as the reference does)."""
         request.status = Status.WAITING
         request.lease = RadixLease()
+        self._cap_output(request)
         if self.never_fits(request):
             self._unservable.append(request)
         else:
@@ -195,6 +196,12 @@ class SglangScheduler:
     def has_work(self) -> bool:
         """Whether a pass could do anything."""
         return bool(self.running or self.waiting or self.prebuilt or self._unservable)
+
+    def _cap_output(self, request: EngineRequest) -> None:
+        """A request generates no further than ``max_model_len`` (its output is cut to fit)."""
+        max_len = self.config.max_model_len
+        if max_len is not None and request.prompt_len < max_len:
+            request.max_output = min(request.max_output, max_len - request.prompt_len)
 
     def never_fits(self, request: EngineRequest) -> bool:
         """Whether a fresh request can never be served here: its prompt reaches
@@ -858,6 +865,7 @@ class SglangScheduler:
             (reused prompt tokens, transferable tokens = fresh pages x page size).
         """
         request.lease = RadixLease()
+        self._cap_output(request)
         hashes = self._ensure_page_hashes(request, request.prompt_len)
         reservation = self.kv.reserve_destination(hashes, request.prompt_len)
         if reservation is None:
