@@ -551,3 +551,42 @@ def test_backend_keys(
 ) -> None:
     """Engine keys that do not fit the chosen backend are refused, naming the key and the rule."""
     _fails(tmp_path, capsys, *SYNTHETIC, "--extra-engine-args", json.dumps(engine), expect=expect)
+
+
+@pytest.mark.parametrize(
+    ("engine", "expect"),
+    [
+        ({"timing_model": {"type": "fixed", "prefill_ms": 5}}, ["'fixed'", "'decode_ms'"]),
+        (
+            {"timing_model": {"type": "fixed", "prefill_ms": -1, "decode_ms": 1}},
+            ["prefill_ms", ">= 0.0", "-1"],
+        ),
+        (
+            {"timing_model": {"type": "fixed", "prefill_ms": 5, "decode_ms": 1, "x": 2}},
+            ["unknown field(s) ['x']", "'fixed'"],
+        ),
+        (
+            {"reasoning": {"start_thinking_token_id": 1, "thinking_ratio": 0.5}},
+            ["'reasoning'", "'end_thinking_token_id'"],
+        ),
+        (
+            {
+                "reasoning": {
+                    "start_thinking_token_id": 1,
+                    "end_thinking_token_id": 2,
+                    "thinking_ratio": 1.5,
+                }
+            },
+            ["thinking_ratio", "<= 1.0", "1.5"],
+        ),
+    ],
+    ids=["fixed-missing", "fixed-negative", "fixed-unknown", "reasoning-missing", "ratio"],
+)
+def test_engine_option_values(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    engine: dict[str, Any],
+    expect: list[str],
+) -> None:
+    """Fixed timing and reasoning keys are checked as the reference checks them (stricter on unknown fields)."""
+    _fails(tmp_path, capsys, *SYNTHETIC, "--extra-engine-args", json.dumps(engine), expect=expect)

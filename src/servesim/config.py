@@ -42,7 +42,7 @@ KeyTable = dict[str, tuple[str | None, Parser, Any]]
 """key -> (attribute, or None for a key that only validates; parser; default)."""
 
 
-def _int(minimum: int, *, nullable: bool = False) -> Parser:
+def _int(minimum: int, *, nullable: bool = False, maximum: int | None = None) -> Parser:
     def parse(key: str, value: Any) -> Any:
         if value is None and nullable:
             return None
@@ -50,12 +50,14 @@ def _int(minimum: int, *, nullable: bool = False) -> Parser:
             raise ConfigError(f"'{key}' must be an integer >= {minimum}, got {value!r}")
         if value < minimum:
             raise ConfigError(f"'{key}' must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(f"'{key}' must be <= {maximum}, got {value}")
         return value
 
     return parse
 
 
-def _float(minimum: float, *, nullable: bool = False) -> Parser:
+def _float(minimum: float, *, nullable: bool = False, maximum: float | None = None) -> Parser:
     def parse(key: str, value: Any) -> Any:
         if value is None and nullable:
             return None
@@ -63,6 +65,8 @@ def _float(minimum: float, *, nullable: bool = False) -> Parser:
             raise ConfigError(f"'{key}' must be a number >= {minimum}, got {value!r}")
         if not math.isfinite(value) or value < minimum:
             raise ConfigError(f"'{key}' must be a finite number >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(f"'{key}' must be <= {maximum}, got {value}")
         return float(value)
 
     return parse
@@ -124,10 +128,14 @@ def _any(key: str, value: Any) -> Any:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimingModelConfig:
-    """Which timing model prices a pass: ``polynomial`` (default) or ``interpolated`` (NPZ)."""
+    """Which timing model prices a pass: ``polynomial`` (default), ``interpolated`` (NPZ,
+    at ``path``) or ``fixed`` (``prefill_ms`` for a pass that prefills anything, plus
+    ``decode_ms`` for one that decodes anything)."""
 
     type: str = "polynomial"
     path: str | None = None
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
 
 
 def _timing_model(key: str, value: Any) -> TimingModelConfig:
@@ -149,7 +157,19 @@ def _timing_model(key: str, value: Any) -> TimingModelConfig:
         if not Path(path).is_file():
             raise ConfigError(f"'{key}': profile file not found: {path}")
         return TimingModelConfig(type="interpolated", path=path)
-    raise ConfigError(f"'{key}': type must be 'polynomial' or 'interpolated', got {kind!r}")
+    if kind == "fixed":
+        extra = set(value) - {"type", "prefill_ms", "decode_ms"}
+        if extra:
+            raise ConfigError(f"'{key}': unknown field(s) {sorted(extra)} for type 'fixed'")
+        times = {}
+        for name in ("prefill_ms", "decode_ms"):
+            if name not in value:
+                raise ConfigError(f"'{key}': type 'fixed' needs '{name}' (milliseconds per pass)")
+            times[name] = _float(0.0)(f"{key}.{name}", value[name])
+        return TimingModelConfig(type="fixed", **times)
+    raise ConfigError(
+        f"'{key}': type must be 'polynomial', 'interpolated' or 'fixed', got {kind!r}"
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,6 +198,18 @@ _SGLANG_KEYS: KeyTable = {
     "schedule_conservativeness": ("schedule_conservativeness", _float(0.0), 1.0),
 }
 
+_U32 = (1 << 32) - 1
+
+_REASONING_KEYS: KeyTable = {
+    "start_thinking_token_id": (
+        "start_thinking_token_id",
+        _int(0, maximum=_U32),
+        None,
+    ),
+    "end_thinking_token_id": ("end_thinking_token_id", _int(0, maximum=_U32), None),
+    "thinking_ratio": ("thinking_ratio", _float(0.0, maximum=1.0), None),
+}
+
 _TRTLLM_KEYS: KeyTable = {
     "capacity_scheduler_policy": (
         None,
@@ -187,14 +219,18 @@ _TRTLLM_KEYS: KeyTable = {
 }
 
 
-def _sub_keys(table: KeyTable) -> Parser:
-    """A nested object of its own keys (``sglang``, ``trtllm``), parsed with ``table``."""
+def _sub_keys(table: KeyTable, *, required: bool = False) -> Parser:
+    """A nested object of its own keys (``sglang``, ``trtllm``, ``reasoning``), parsed with
+    ``table``; with ``required``, every key of the table must be given."""
 
     def parse(key: str, value: Any) -> Any:
         if value is None:
             return None
         if not isinstance(value, dict):
             raise ConfigError(f"'{key}' must be a JSON object, got {value!r}")
+        missing = [name for name in table if name not in value] if required else []
+        if missing:
+            raise ConfigError(f"'{key}' needs {', '.join(repr(m) for m in missing)}")
         return _parse_keys(value, table, source=f"'{key}'", kind=key)
 
     return parse
@@ -257,7 +293,9 @@ _ENGINE_KEYS: KeyTable = {
     "mem_fraction_static": (None, _only(None, "AIC memory sizing"), None),
     "free_gpu_memory_fraction": (None, _only(None, "AIC memory sizing"), None),
     "cuda_graph_reserved_bytes": (None, _only(None, "AIC memory sizing"), None),
-    "reasoning": (None, _only(None, "reasoning output shaping"), None),
+    # Output shaping (which output tokens are thinking tokens): validated, no effect on
+    # timing or on anything the report shows, as in the reference.
+    "reasoning": (None, _sub_keys(_REASONING_KEYS, required=True), None),
     "response_replay_trace_path": (None, _only(None, "response replay"), None),
     "router_queue_policy": (None, _only(None, "router queueing"), None),
 }

@@ -116,8 +116,8 @@ def with_absolute_paths(spec: Json) -> Json:
         out["trace"] = str(TESTS / out["trace"])
     for key in ("engine", "prefill_engine", "decode_engine"):
         timing = out.get(key, {}).get("timing_model")
-        if timing:
-            holder = timing.get("config", timing)
+        holder = timing.get("config", timing) if timing else {}
+        if "path" in holder:  # a measured profile (fixed and polynomial timing have none)
             holder["path"] = str(TESTS / holder["path"])
     return out
 

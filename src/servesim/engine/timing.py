@@ -108,6 +108,33 @@ class PolynomialTiming:
         return ms
 
 
+class FixedTiming:
+    """A constant price per pass part: ``prefill_ms`` if the pass prefills anything,
+    ``decode_ms`` if it decodes anything, whatever the batch (the reference's ``fixed``)."""
+
+    __slots__ = ("_decode", "_prefill", "decode_divisor", "prefill_divisor")
+
+    def __init__(
+        self, prefill_ms: float, decode_ms: float, speedup: float, decode_speedup: float
+    ) -> None:
+        self._prefill = prefill_ms
+        self._decode = decode_ms
+        self.prefill_divisor = speedup if speedup > 0 else 1.0
+        self.decode_divisor = self.prefill_divisor * (decode_speedup if decode_speedup > 0 else 1.0)
+
+    def prefill_ms(self, batch: int, isl: int, prefix: int) -> float:
+        """See :class:`TimingModel`."""
+        return self._prefill if batch else 0.0
+
+    def decode_ms(self, batch: int, active_kv_tokens: int, context: int) -> float:
+        """See :class:`TimingModel`."""
+        return self._decode if batch else 0.0
+
+    def decode_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
+        """See :class:`TimingModel`."""
+        return np.full(passes, self._decode if batch else 0.0)
+
+
 class InterpolatedTiming:
     """Measured profile (NPZ): linear prefill and bilinear decode, both extrapolating.
 
@@ -297,6 +324,10 @@ def make_timing(config: EngineConfig) -> TimingModel:
     if tm.type == "interpolated":
         assert tm.path is not None
         return shared_profile_timing(tm.path, config.speedup_ratio, config.decode_speedup_ratio)
+    if tm.type == "fixed":
+        return FixedTiming(
+            tm.prefill_ms, tm.decode_ms, config.speedup_ratio, config.decode_speedup_ratio
+        )
     return PolynomialTiming(
         config.total_kv_tokens, config.speedup_ratio, config.decode_speedup_ratio
     )
