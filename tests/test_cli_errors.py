@@ -186,8 +186,8 @@ def test_unsupported_feature_key(tmp_path: Path, capsys: pytest.CaptureFixture[s
         capsys,
         *SYNTHETIC,
         "--extra-engine-args",
-        '{"aic_nextn": 2}',
-        expect=["'aic_nextn'", "not supported"],
+        '{"gpu_memory_utilization": 0.9}',
+        expect=["'gpu_memory_utilization'", "not supported"],
     )
 
 
@@ -589,4 +589,30 @@ def test_engine_option_values(
     expect: list[str],
 ) -> None:
     """Fixed timing and reasoning keys are checked as the reference checks them (stricter on unknown fields)."""
+    _fails(tmp_path, capsys, *SYNTHETIC, "--extra-engine-args", json.dumps(engine), expect=expect)
+
+
+@pytest.mark.parametrize(
+    ("engine", "expect"),
+    [
+        ({"aic_nextn": 6}, ["aic_nextn", "<= 5", "6"]),
+        ({"aic_nextn_accept_rates": "0.5"}, ["aic_nextn_accept_rates requires aic_nextn"]),
+        ({"aic_nextn": 2, "aic_nextn_accept_rates": "1.5,0.5"}, ["item 0", "[0, 1]", "1.5"]),
+        ({"aic_nextn": 2, "aic_nextn_accept_rates": "0.5"}, ["1 rate(s)", "aic_nextn 2"]),
+        ({"aic_nextn": 2, "aic_nextn_accept_rates": [0.5, 0.5]}, ["comma-separated string"]),
+        ({"aic_nextn": 2, "decode_speedup_ratio": 2}, ["decode_speedup_ratio=1.0"]),
+        (
+            {"aic_nextn": 1, "backend": "sglang", "block_size": 16},
+            ["speculative decoding", "sglang", "not simulated"],
+        ),
+    ],
+    ids=["nextn", "rates-alone", "rate-range", "rate-count", "rate-list", "speedup", "sglang"],
+)
+def test_speculative_decoding_keys(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    engine: dict[str, Any],
+    expect: list[str],
+) -> None:
+    """Speculative decoding keys: as the reference rejects them, and a wrong rate count too."""
     _fails(tmp_path, capsys, *SYNTHETIC, "--extra-engine-args", json.dumps(engine), expect=expect)

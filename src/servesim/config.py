@@ -126,6 +126,30 @@ def _any(key: str, value: Any) -> Any:
     return value
 
 
+def _accept_rates(key: str, value: Any) -> Any:
+    """A comma-separated string of acceptance rates in [0, 1], as the reference spells them."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"'{key}' must be a comma-separated string such as \"0.85,0.3\", got {value!r}"
+        )
+    rates = []
+    for index, text in enumerate(value.split(",")):
+        try:
+            rate = float(text.strip())
+        except ValueError:
+            raise ConfigError(f"'{key}' item {index} is not a number: {text.strip()!r}") from None
+        if not math.isfinite(rate) or not 0.0 <= rate <= 1.0:
+            raise ConfigError(f"'{key}' item {index} must be in [0, 1], got {rate}")
+        rates.append(rate)
+    return tuple(rates)
+
+
+DEFAULT_ACCEPT_RATES = (0.85, 0.3, 0.0, 0.0, 0.0)
+"""The reference's conditional acceptance rates when none are given (the first ``aic_nextn``)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimingModelConfig:
     """Which timing model prices a pass: ``polynomial`` (default), ``interpolated`` (NPZ,
@@ -261,7 +285,7 @@ _ENGINE_KEYS: KeyTable = {
     "emit_kv_token_ids": (None, _bool, False),
     "num_gpu_blocks_is_explicit": (None, _bool, False),
     "has_perf_model": (None, _any, None),
-    "aic_mtp_seed": (None, _int(0), 42),
+    "aic_mtp_seed": ("aic_mtp_seed", _int(0, maximum=(1 << 64) - 1), 42),
     "sglang": ("sglang", _sub_keys(_SGLANG_KEYS), None),
     "trtllm": ("trtllm", _sub_keys(_TRTLLM_KEYS), None),
     # Live-serving settings the offline replay has no use for.
@@ -273,8 +297,9 @@ _ENGINE_KEYS: KeyTable = {
     # Features of later work: only their defaults are accepted for now.
     "prefill_schedule_interval": (None, _only(1, "prefill scheduling interval"), 1),
     "prefill_decode_interval": (None, _only(0, "prefill/decode interleaving"), 0),
-    "aic_nextn": (None, _only(None, "speculative decoding"), None),
-    "aic_nextn_accept_rates": (None, _only(None, "speculative decoding"), None),
+    # Speculative decoding (MTP/Eagle): drafts per step, their conditional acceptance rates.
+    "aic_nextn": ("aic_nextn", _int(1, nullable=True, maximum=5), None),
+    "aic_nextn_accept_rates": ("aic_nextn_accept_rates", _accept_rates, None),
     "kv_transfer_bytes_per_token": ("kv_transfer_bytes_per_token", _positive(), None),
     "kv_transfer_bandwidth": ("kv_transfer_bandwidth", _positive(), None),
     "kv_transfer_timing_mode": (
@@ -330,6 +355,15 @@ class EngineConfig:
     kv_transfer_timing_mode: str = "full_prompt"
     kv_transfer_link_model: str = "shared"
     sglang: SglangConfig = field(default_factory=SglangConfig)
+    aic_nextn: int | None = None
+    aic_nextn_accept_rates: tuple[float, ...] | None = None
+    aic_mtp_seed: int = 42
+
+    @property
+    def accept_rates(self) -> tuple[float, ...]:
+        """The conditional acceptance rate of each draft (speculative decoding on)."""
+        assert self.aic_nextn is not None
+        return self.aic_nextn_accept_rates or DEFAULT_ACCEPT_RATES[: self.aic_nextn]
 
     @property
     def gpus_per_worker(self) -> int:
@@ -398,6 +432,7 @@ def parse_engine_args(
                 f"'{backend}' (set \"backend\": \"{owner}\" or remove '{name}')"
             )
     values.pop("trtllm", None)  # its one policy is the only one accepted
+    _check_speculative(values, source)
     sglang = values.pop("sglang", None) or {}
     page_size = sglang.pop("page_size", None)
     if "block_size" not in values:
@@ -412,6 +447,29 @@ def parse_engine_args(
             f"{source}: block_size must be >= 2 for the {backend} backend, got {block_size}"
         )
     return EngineConfig(**values)
+
+
+def _check_speculative(values: dict[str, Any], source: str) -> None:
+    nextn, rates = values.get("aic_nextn"), values.get("aic_nextn_accept_rates")
+    if rates is not None and nextn is None:
+        raise ConfigError(f"{source}: aic_nextn_accept_rates requires aic_nextn")
+    if nextn is None:
+        return
+    if rates is not None and len(rates) != nextn:
+        raise ConfigError(
+            f"{source}: aic_nextn_accept_rates has {len(rates)} rate(s) for aic_nextn {nextn}; "
+            "give one conditional acceptance rate per draft token"
+        )
+    if values.get("decode_speedup_ratio", 1.0) != 1.0:
+        raise ConfigError(
+            f"{source}: aic_nextn requires decode_speedup_ratio=1.0 (speculative decoding is "
+            "modelled by sampling bursts of tokens, not by a faster decode step)"
+        )
+    if values.get("backend", Backend.VLLM) is Backend.SGLANG:
+        raise ConfigError(
+            f"{source}: speculative decoding (aic_nextn) is not simulated for the sglang backend "
+            "by servesim yet (vllm and trtllm only)"
+        )
 
 
 def _sglang_config(

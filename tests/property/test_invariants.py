@@ -62,6 +62,7 @@ requests = st.lists(
     preemption=st.sampled_from(["lifo", "fifo"]),
     concurrency=st.one_of(st.none(), st.integers(1, 6)),
     backend=st.sampled_from(list(Backend)),
+    speculative=st.booleans(),
 )
 def test_random_workloads_keep_the_invariants(
     reqs: list[tuple[list[int], int, int, float]],
@@ -71,11 +72,16 @@ def test_random_workloads_keep_the_invariants(
     preemption: str,
     concurrency: int | None,
     backend: Backend,
+    speculative: bool,
 ) -> None:
     """Every request ends exactly once, KV stays consistent, token times never decrease (each engine)."""
     longest = MAX_PROMPT_IDS * TRACE_BLOCK + MAX_OUTPUT
+    # Speculative bursts (vLLM and TRT-LLM cores): a sampled 1 to 3 tokens per step.
+    mtp = speculative and backend is not Backend.SGLANG
     config = EngineConfig(
         backend=backend,
+        aic_nextn=2 if mtp else None,
+        aic_nextn_accept_rates=(0.8, 0.5) if mtp else None,
         block_size=BLOCK,
         # Tight: forces eviction and preemption, but every request fits.
         num_gpu_blocks=-(-longest // BLOCK) + 2,

@@ -127,12 +127,20 @@ class AggregatedFlow:
             self._observer.catch_up(now)
         # Each request's signal in pass order, with the queue releases it triggers: a
         # first token completes a prefill, a last one ends the request.
-        for request in outputs.emitted:
+        emitted = outputs.emitted
+        tokens: dict[EngineRequest, int] = {}
+        if outputs.bursts:  # a request may have emitted several tokens in a row
+            for request in emitted:
+                tokens[request] = tokens.get(request, 0) + 1
+            emitted = list(tokens)
+        for request in emitted:
+            burst = tokens.get(request, 1)
+            first = ledger.record(request.uid).num_tokens == burst
+            if first and (burst > 1 or request.status is not Status.FINISHED):
+                self._dispatch(policy.prefill_completed(request.uid, now), now)
             if request.status is Status.FINISHED:
                 ledger.end(request.uid, now, Terminal.COMPLETED)
                 self._dispatch(policy.request_ended(request.uid, now), now)
-            elif ledger.record(request.uid).num_tokens == 1:
-                self._dispatch(policy.prefill_completed(request.uid, now), now)
         for request in outputs.finished:  # those that ended without a token of this pass
             if ledger.is_open(request.uid):
                 ledger.end(request.uid, now, Terminal.COMPLETED)

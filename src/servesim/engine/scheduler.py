@@ -36,6 +36,8 @@ class PassResult:
             as (when their previous token was stamped, how many), one entry per
             previous-token time.
         seconds: the members among them for which it was their second token on this rank.
+        bursts: whether ``emitted`` may list a request more than once (a
+            speculative burst of tokens, all stamped at ``end_ms``).
     """
 
     end_ms: float
@@ -47,6 +49,7 @@ class PassResult:
     progressed: bool = False
     cohorts: list[tuple[float, int]] = field(default_factory=list)
     seconds: list[EngineRequest] = field(default_factory=list)
+    bursts: bool = False
 
 
 CatchUp = tuple[EngineRequest, int, float]

@@ -96,7 +96,9 @@ class SglangScheduler:
         *,
         events: list[KvEvent] | None = None,
         lazy: bool = False,
+        rank_index: int = 0,
     ) -> None:
+        del rank_index  # seeds speculative decoding, which the SGLang core does not simulate yet
         self.config = config
         self.timing = timing
         self.block_size = config.block_size

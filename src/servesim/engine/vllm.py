@@ -51,6 +51,7 @@ from servesim.engine.kv.hashing import chain, generated_block_hash
 from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
 from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult
+from servesim.engine.speculative import SpeculativeSampler
 from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
 _UNBOUNDED = 1 << 62
@@ -74,6 +75,7 @@ class VllmScheduler:
         *,
         events: list[KvEvent] | None = None,
         lazy: bool = False,
+        rank_index: int = 0,
     ) -> None:
         self.config = config
         self.timing = timing
@@ -98,6 +100,14 @@ class VllmScheduler:
         # TensorRT-LLM's GUARANTEED_NO_EVICT: admit against blocks to completion, never preempt.
         self._no_evict = config.backend is Backend.TRTLLM
         self._caching = config.enable_prefix_caching
+        # Speculative decoding: each decode step emits a sampled burst of tokens, from a
+        # generator seeded per rank as the reference seeds it (seed + rank index).
+        self._sampler: SpeculativeSampler | None = None
+        if config.aic_nextn is not None:
+            seed = (config.aic_mtp_seed + rank_index) & ((1 << 64) - 1)
+            self._sampler = SpeculativeSampler(config.accept_rates, seed)
+            self._max_burst = config.aic_nextn + 1 if self._decodes else 1
+            lazy = False  # a member decodes one token a pass: bursts step every pass
         # Decode cohort (see the module docstring). _step counts this rank's passes;
         # _others holds the running requests that are not members.
         self.lazy = lazy
@@ -245,7 +255,7 @@ class VllmScheduler:
             self._schedule_running()
         if not result.preempted and len(self.running) < self._max_seqs:
             self._schedule_waiting()
-        result.end_ms = self._emit(now)
+        result.end_ms = self._emit(now) if self._sampler is None else self._emit_bursts(now)
         result.progressed = bool(
             cohort or self._scheduled or result.finished or result.rejected or result.preempted
         )
@@ -598,6 +608,11 @@ class VllmScheduler:
             limit = min(limit, request.named_blocks)
             self._ensure_hashes(request, limit)
             hits, active_hits = self.pool.match_prefix(request.hashes, limit)
+            if self._sampler is not None and not self._no_evict and hits:
+                # vLLM's MTP/Eagle rule: the drafter needs the last matched block's hidden
+                # states, so that block is recomputed.
+                hits -= 1
+                active_hits = min(active_hits, hits)
         if self._no_evict:
             available = self._no_evict_room()
         else:
@@ -801,6 +816,88 @@ class VllmScheduler:
             elif join:
                 self._join(request)
         return end
+
+    def _emit_bursts(self, now: float) -> float:
+        """:meth:`_emit` with speculative decoding: each ready request emits a sampled burst.
+
+        Blocks for every ready request's largest possible burst are taken
+        first (preempting while they do not fit); every ready request counts in
+        the decode step, the requests whose prefill completed in this pass
+        included. A burst's tokens get their KV slots at once; all but the last
+        count as computed. Returns the pass end.
+        """
+        n_prompts, sum_isl, sum_prefix = self._batch
+        prefill = 0.0
+        if n_prompts and self._computes_prompt:
+            prefill = self.timing.prefill_ms(
+                n_prompts, sum_isl // n_prompts, sum_prefix // n_prompts
+            )
+        result = self._result
+        for request in [r for r in self.running if self._generation_complete(r)]:
+            if request.num_computed == request.length:
+                result.finished.append(request)
+                self._finish(request)
+        bs = self.block_size
+        reserved: list[int] = []
+        while True:
+            ready = [r for r in self.running if r.num_computed == r.length]
+            needed = 0
+            for request in ready:
+                burst = min(self._max_burst, self._remaining(request))
+                needed += -(-(request.length + burst) // bs) - -(-request.length // bs)
+            if self.pool.allocate(reserved, [], needed):
+                break
+            victim = self._pick_victim()
+            if victim is None:
+                return now + pass_duration(prefill, self.timing.prefill_divisor)
+            self._preempt(victim)
+        decode = 0.0
+        if ready and self._decodes:
+            context = sum(r.length for r in ready)
+            decode = self.timing.decode_ms(len(ready), context, context // len(ready))
+        timing = self.timing
+        end = (
+            now
+            + pass_duration(prefill, timing.prefill_divisor)
+            + pass_duration(decode, timing.decode_divisor)
+        )
+        sampler = self._sampler
+        assert sampler is not None
+        bursts = [
+            sampler.burst(self._remaining(r)) if self._decodes else min(1, self._remaining(r))
+            for r in ready
+        ]
+        result.bursts = True
+        for request, burst in zip(ready, bursts, strict=True):
+            for token in range(burst):
+                length = request.length
+                if token and self._caching and length % bs == 0:
+                    self._cache_blocks(request, length // bs - 1, length // bs)
+                request.num_computed = length
+                request.generated += 1
+                if len(request.blocks) * bs < request.length:
+                    request.blocks.append(reserved.pop(0))
+                result.emitted.append(request)
+                if self._generation_complete(request):
+                    result.finished.append(request)
+                    self._finish(request)
+                    break
+            else:
+                request.num_computed = request.length - 1  # the last token dangles
+        if reserved:
+            self.pool.release(reserved, 0, 0)
+        return end
+
+    def _remaining(self, request: EngineRequest) -> int:
+        """Tokens the request may still generate (its output length, and ``max_model_len``)."""
+        left = request.max_output - request.generated
+        max_len = self.config.max_model_len
+        if max_len is not None:
+            left = min(left, max_len - request.length)
+        return max(left, 0)
+
+    def _generation_complete(self, request: EngineRequest) -> bool:
+        return self._remaining(request) == 0
 
     def _finish(self, request: EngineRequest) -> None:
         request.status = Status.FINISHED

@@ -57,6 +57,8 @@ class PassOutputs:
             got as members and the last one's time (delivered before the rest).
         seconds: cohort members whose token this was their second on their
             rank, with its time (None: the pass end).
+        bursts: whether ``emitted`` may list a request more than once (see
+            :class:`~servesim.engine.scheduler.PassResult`).
     """
 
     emitted: list[EngineRequest] = field(default_factory=list)
@@ -65,6 +67,7 @@ class PassOutputs:
     cohorts: list[tuple[float, int, np.ndarray | None]] = field(default_factory=list)
     catch_ups: list[CatchUp] = field(default_factory=list)
     seconds: list[tuple[list[EngineRequest], float | None]] = field(default_factory=list)
+    bursts: bool = False
 
 
 @dataclass(slots=True)
@@ -116,8 +119,14 @@ class Worker:
         # With kv_events, each rank records its KV events for a router to drain (see take_events).
         scheduler = _SCHEDULERS[config.backend]
         self.ranks: list[RankScheduler] = [
-            scheduler(config, timing, events=[] if kv_events else None, lazy=fast_forward)
-            for _ in range(config.dp_size)
+            scheduler(
+                config,
+                timing,
+                events=[] if kv_events else None,
+                lazy=fast_forward,
+                rank_index=worker_id * config.dp_size + rank,
+            )
+            for rank in range(config.dp_size)
         ]
         self.busy_until: float | None = None
         # Set when a pass could do nothing; cleared when a request is submitted.
@@ -356,6 +365,7 @@ def _collect(results: list[PassResult]) -> PassOutputs:
     out = PassOutputs()
     for result in results:
         out.emitted += result.emitted
+        out.bursts |= result.bursts
         out.finished += result.finished
         out.rejected += result.rejected
         out.cohorts += [(prev_end, members, None) for prev_end, members in result.cohorts]

@@ -74,3 +74,40 @@ def uniform_floats(seed: int, count: int) -> np.ndarray:
     words = _chacha12_blocks(_pcg32_key(seed), 0, blocks).reshape(-1).astype(np.uint64)
     u64 = words[0::2] | (words[1::2] << np.uint64(32))
     return (u64[:count] >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+class StdRng:
+    """Rust's ``StdRng::seed_from_u64(seed)`` as a stream of u64 draws (``next_u64``).
+
+    Keystream blocks are made 64 at a time. ``random_bool`` is the ``rand``
+    crate's: a Bernoulli(p) draw compares one u64 with ``p x 2^64``
+    (truncated), except that p = 1 draws nothing.
+    """
+
+    __slots__ = ("_block", "_buffer", "_key", "_next")
+
+    _BLOCKS = 64
+
+    def __init__(self, seed: int) -> None:
+        self._key = _pcg32_key(seed)
+        self._block = 0
+        self._buffer: list[int] = []
+        self._next = 0
+
+    def next_u64(self) -> int:
+        """The next u64 of the stream."""
+        if self._next == len(self._buffer):
+            words = _chacha12_blocks(self._key, self._block, self._BLOCKS)
+            self._block += self._BLOCKS
+            words = words.reshape(-1).astype(np.uint64)
+            self._buffer = (words[0::2] | (words[1::2] << np.uint64(32))).tolist()
+            self._next = 0
+        value = self._buffer[self._next]
+        self._next += 1
+        return value
+
+    def random_bool(self, p: float) -> bool:
+        """True with probability ``p`` (in [0, 1])."""
+        if p == 1.0:
+            return True
+        return self.next_u64() < int(p * 18446744073709551616.0)
