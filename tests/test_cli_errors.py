@@ -601,12 +601,8 @@ def test_engine_option_values(
         ({"aic_nextn": 2, "aic_nextn_accept_rates": "0.5"}, ["1 rate(s)", "aic_nextn 2"]),
         ({"aic_nextn": 2, "aic_nextn_accept_rates": [0.5, 0.5]}, ["comma-separated string"]),
         ({"aic_nextn": 2, "decode_speedup_ratio": 2}, ["decode_speedup_ratio=1.0"]),
-        (
-            {"aic_nextn": 1, "backend": "sglang", "block_size": 16},
-            ["speculative decoding", "sglang", "not simulated"],
-        ),
     ],
-    ids=["nextn", "rates-alone", "rate-range", "rate-count", "rate-list", "speedup", "sglang"],
+    ids=["nextn", "rates-alone", "rate-range", "rate-count", "rate-list", "speedup"],
 )
 def test_speculative_decoding_keys(
     tmp_path: Path,

@@ -465,11 +465,6 @@ def _check_speculative(values: dict[str, Any], source: str) -> None:
             f"{source}: aic_nextn requires decode_speedup_ratio=1.0 (speculative decoding is "
             "modelled by sampling bursts of tokens, not by a faster decode step)"
         )
-    if values.get("backend", Backend.VLLM) is Backend.SGLANG:
-        raise ConfigError(
-            f"{source}: speculative decoding (aic_nextn) is not simulated for the sglang backend "
-            "by servesim yet (vllm and trtllm only)"
-        )
 
 
 def _sglang_config(

@@ -52,3 +52,14 @@ def test_a_burst_stops_at_the_first_rejected_draft_and_at_the_output_left() -> N
     assert sampler.burst(10) == expected
     assert SpeculativeSampler((1.0, 1.0, 1.0), 7).burst(2) == 2  # capped by the output left
     assert SpeculativeSampler((1.0,), 7).burst(0) == 0
+
+
+def test_on_sglang_the_prefill_pass_emits_one_token_and_decode_passes_emit_bursts() -> None:
+    """The reference's SGLang core: TTFT 5 (no decode step, no burst in the prefill pass),
+    then bursts of three at 6, 7 and 8 ms (TTST 1, E2E 8)."""
+    record = _one_request(
+        backend="sglang", block_size=16, aic_nextn=2, aic_nextn_accept_rates="1,1"
+    )
+    assert record.first_token_ms == 5.0
+    assert record.second_token_ms == 6.0
+    assert record.last_token_ms == 8.0

@@ -68,6 +68,7 @@ from servesim.engine.kv.radix_cache import (
 from servesim.engine.request import EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
 from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult
+from servesim.engine.speculative import SpeculativeSampler
 from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
 _UNBOUNDED = 1 << 62
@@ -98,7 +99,6 @@ class SglangScheduler:
         lazy: bool = False,
         rank_index: int = 0,
     ) -> None:
-        del rank_index  # seeds speculative decoding, which the SGLang core does not simulate yet
         self.config = config
         self.timing = timing
         self.block_size = config.block_size
@@ -136,6 +136,16 @@ class SglangScheduler:
         self._unservable: list[EngineRequest] = []
         # Decode cohort (see the module docstring): every running request but those
         # that entered running in the current pass. _decode_index counts decode passes.
+        # Speculative decoding: decode steps emit sampled bursts (prefill passes do not),
+        # from a generator seeded per rank as the reference seeds it (seed + rank index).
+        self._sampler: SpeculativeSampler | None = None
+        self._max_burst = 1
+        if config.aic_nextn is not None:
+            seed = (config.aic_mtp_seed + rank_index) & ((1 << 64) - 1)
+            self._sampler = SpeculativeSampler(config.accept_rates, seed)
+            if config.worker_type is not Role.PREFILL:
+                self._max_burst = config.aic_nextn + 1
+            lazy = False  # a member decodes one token a pass: bursts step every pass
         self.lazy = lazy
         self._decode_index = 0
         self._members: dict[EngineRequest, None] = {}
@@ -711,7 +721,7 @@ class SglangScheduler:
         self._retract_for_room(batch, result)
         total = sum(r.length for r in batch)
         decode = self.timing.decode_ms(len(batch), total, total // len(batch))
-        if not self._grow(batch, result):
+        if not self._grow(batch, result, self._max_burst):
             return start
         return start + pass_duration(decode / self.timing.decode_divisor)
 
@@ -722,10 +732,14 @@ class SglangScheduler:
             batch[:] = [r for r in batch if r.generated < r.max_output]
             result.finished += done
 
-    def _grow(self, batch: list[EngineRequest], result: PassResult) -> bool:
-        """Give each request of ``batch`` a token slot and a token; False if pages ran short."""
+    def _grow(self, batch: list[EngineRequest], result: PassResult, max_burst: int = 1) -> bool:
+        """Give each request of ``batch`` its token(s) and their slots; False if pages ran short.
+
+        With ``max_burst`` above 1 (speculative decoding), each request emits a
+        sampled burst of up to that many tokens, pages reserved for the largest.
+        """
         kv = self.kv
-        growth = self._page_growth(batch)
+        growth = self._page_growth(batch, max_burst)
         shortfall = growth - kv.available_tokens
         if shortfall > 0:
             kv.evict(shortfall)
@@ -733,8 +747,16 @@ class SglangScheduler:
         if reservation is None:
             return False
         finished: list[EngineRequest] = []
+        sampler = self._sampler if max_burst > 1 else None
         for request in batch:
-            self._decode_token(request, reservation, result, finished)
+            if sampler is None:
+                self._decode_token(request, reservation, result, finished)
+                continue
+            result.bursts = True
+            for _ in range(sampler.burst(request.max_output - request.generated)):
+                self._decode_token(request, reservation, result, finished)
+                if request.generated >= request.max_output:
+                    break
         kv.release_decode_reservation(reservation)
         if finished:
             batch[:] = [r for r in batch if r.generated < r.max_output]
@@ -761,21 +783,23 @@ class SglangScheduler:
         else:
             self._cache_prefix(request)
 
-    def _page_growth(self, batch: list[EngineRequest]) -> int:
-        """Token slots the batch's next token needs on new pages."""
+    def _page_growth(self, batch: list[EngineRequest], max_burst: int = 1) -> int:
+        """Token slots the batch's next tokens (up to ``max_burst`` each) need on new pages."""
         ps = self.block_size
         growth = 0
         for request in batch:
             lease = request.lease
             assert lease is not None
-            growth += max(0, -(-(request.length + 1) // ps) * ps - len(lease.pages) * ps)
+            burst = min(max_burst, request.max_output - request.generated)
+            growth += max(0, -(-(request.length + burst) // ps) * ps - len(lease.pages) * ps)
         return growth
 
     def _retract_for_room(self, batch: list[EngineRequest], result: PassResult) -> None:
         """Retract the fewest-output requests until the batch's next tokens fit (one stays)."""
         kv = self.kv
         while (
-            kv.available_tokens + kv.evictable_tokens < self._page_growth(batch) and len(batch) > 1
+            kv.available_tokens + kv.evictable_tokens < self._page_growth(batch, self._max_burst)
+            and len(batch) > 1
         ):
             victim = min(batch, key=_output_length)
             batch.remove(victim)
