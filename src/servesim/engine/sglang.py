@@ -574,7 +574,7 @@ class SglangScheduler:
         members = [r for r in due if r in self._members]
         crossing = sum(1 for r in members if (r.cohort_base + d) % ps == 0)
         growth = crossing * ps + self._page_growth(others)
-        if kv.available_tokens + kv.evictable_tokens < growth and len(self.running) > 1:
+        if kv.available_tokens + kv.evictable_tokens < growth:  # a retraction, or no room
             self._sync_all()
             return self._decode_step(self.running, start, result)
         count = len(self._members)
