@@ -612,3 +612,30 @@ def test_speculative_decoding_keys(
 ) -> None:
     """Speculative decoding keys: as the reference rejects them, and a wrong rate count too."""
     _fails(tmp_path, capsys, *SYNTHETIC, "--extra-engine-args", json.dumps(engine), expect=expect)
+
+
+def test_kv_event_lag_needs_the_kv_router(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The lag delays what the KV router's index sees: with round robin it is an error."""
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--kv-event-lag-ms",
+        "100",
+        expect=["--kv-event-lag-ms", "kv_router"],
+    )
+
+
+def test_negative_kv_event_lag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _fails(
+        tmp_path,
+        capsys,
+        *SYNTHETIC,
+        "--router-mode",
+        "kv_router",
+        "--kv-event-lag-ms",
+        "-1",
+        expect=["--kv-event-lag-ms", "-1"],
+    )

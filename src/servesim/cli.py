@@ -140,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV router settings (KvRouterConfig keys) as JSON or @file",
     )
     c.add_argument(
+        "--kv-event-lag-ms",
+        type=_non_negative,
+        default=0.0,
+        help="KV router only: engines' KV events reach the router's index this much later (0)",
+    )
+    c.add_argument(
         "--extra-engine-args", metavar="JSON", help="engine keys as inline JSON or @file"
     )
     c.add_argument(
@@ -215,6 +221,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         router_mode=args.router_mode,
         router=_router(args, parser),
         session_affinity=args.session_affinity,
+        kv_event_lag_ms=args.kv_event_lag_ms,
         **engines,
         sla=Sla(ttft_ms=args.sla_ttft_ms, itl_ms=args.sla_itl_ms, e2e_ms=args.sla_e2e_ms),
         max_sim_time_ms=None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import random
 import time  # only to report the host's wall time beside the simulated results (never the sim clock)
 from collections.abc import Callable, Iterator
@@ -69,6 +70,7 @@ class RunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     session_affinity: str = "disabled"
+    kv_event_lag_ms: float = 0.0
     prefill_engine: EngineConfig | None = None
     decode_engine: EngineConfig | None = None
     num_prefill_workers: int = 1
@@ -180,6 +182,11 @@ def _validate(config: RunConfig) -> None:
         )
     if config.session_affinity != "disabled" and config.router_mode != "kv_router":
         raise ConfigError("session affinity needs --router-mode kv_router")
+    lag = config.kv_event_lag_ms
+    if not math.isfinite(lag) or lag < 0:
+        raise ConfigError(f"kv event lag must be finite and non-negative, got {lag}")
+    if lag and config.router_mode != "kv_router":
+        raise ConfigError("--kv-event-lag-ms only applies to --router-mode kv_router")
     if config.max_sim_time_ms is not None and config.max_sim_time_ms < 0:
         raise ConfigError(f"max sim time must be non-negative, got {config.max_sim_time_ms}")
     if not config.disaggregated:
@@ -238,7 +245,11 @@ def _flow(
                 engine.max_num_batched_tokens,
                 affinity=SessionAffinity(config.session_affinity, targets),
             )
-        observer = KvObserver(indexer, engine.dp_size) if indexer is not None else None
+        observer = (
+            KvObserver(indexer, engine.dp_size, lag_ms=config.kv_event_lag_ms)
+            if indexer is not None
+            else None
+        )
         flow: Flow = AggregatedFlow(
             pool, policy, ledger, block_size=engine.block_size, observer=observer
         )
@@ -304,7 +315,11 @@ def _flow(
                 decode.max_num_batched_tokens,
             ),
         }
-    observer = KvObserver(indexer, prefill.dp_size) if indexer is not None else None
+    observer = (
+        KvObserver(indexer, prefill.dp_size, lag_ms=config.kv_event_lag_ms)
+        if indexer is not None
+        else None
+    )
     # Imported here: the handoff machinery is a fifth of servesim's import time, and an
     # aggregated replay (most of a sweep's short runs) never needs it.
     from servesim.cluster.disagg import DisaggregatedFlow

@@ -152,7 +152,7 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
         "name", "trace", "max_requests", "trace_block_size", "arrival_speedup_ratio",
         "synthetic", "replay_concurrency", "router_mode", "router_config", "num_workers",
         "engine", "num_prefill_workers", "num_decode_workers", "prefill_engine",
-        "decode_engine", "servesim_engine_overrides",
+        "decode_engine", "servesim_engine_overrides", "kv_event_lag_ms",
     }  # fmt: skip
     unknown = sorted(set(sc.spec) - known)
     if unknown:
@@ -182,6 +182,8 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
     argv += ["--router-mode", spec.get("router_mode", "round_robin")]
     if spec.get("router_config"):
         argv += ["--router-config", json.dumps(spec["router_config"])]
+    if spec.get("kv_event_lag_ms") is not None:
+        argv += ["--kv-event-lag-ms", str(spec["kv_event_lag_ms"])]
     overrides = spec.get("servesim_engine_overrides", {})
     if "prefill_engine" in spec or "decode_engine" in spec:
         argv += [

@@ -171,13 +171,13 @@ class DisaggregatedFlow:
                 if handoff.coordinator.phase is HandoffPhase.READY_DECODE:
                     handoff.coordinator.decode_admitted()
         if pool.stage is Stage.PREFILL:
-            self._observe(worker)
+            self._observe(worker, now)
 
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
         self._pending.extend(self._deferred.pop((pool.stage, worker.worker_id), ()))
         if pool.stage is Stage.PREFILL:
-            self._observe(worker)
+            self._observe(worker, now)
             self._catch_up(now)
             self._prefill_ended(outputs, now)
         else:
@@ -303,7 +303,7 @@ class DisaggregatedFlow:
             request.hashes = handoff.route.hashes.copy()
             handoff.prefill_request = request
             self._prefill.submit(routed.worker, routed.rank, request, now)
-            self._observe(self._prefill.workers[routed.worker])
+            self._observe(self._prefill.workers[routed.worker], now)
             self._outcome(routed.uid, handoff.submit_action, Outcome.SUBMITTED)
 
     def _reserve_destination(
@@ -398,7 +398,7 @@ class DisaggregatedFlow:
         if self._deferred_past_pass(self._prefill, worker, handoff.record.uid, action, now):
             return
         released = self._source(handoff).release(handoff.record.uid)
-        self._observe(self._prefill.workers[worker])
+        self._observe(self._prefill.workers[worker], now)
         if released:
             self._prefill.wake(worker)
             if isinstance(action, ReleaseSource):
@@ -444,9 +444,9 @@ class DisaggregatedFlow:
         if self._observer is not None:
             self._observer.catch_up(now)
 
-    def _observe(self, worker: Worker) -> None:
+    def _observe(self, worker: Worker, now: float) -> None:
         if self._observer is not None:
-            self._observer.observe(worker)
+            self._observer.observe(worker, now)
 
     def _source(self, handoff: _Handoff) -> SourceRole:
         assert handoff.prefill_at is not None

@@ -6,7 +6,7 @@ import heapq
 import math
 
 from servesim.cluster.runtime import Ledger, Pool
-from servesim.engine.kv.block_pool import KvRemoved
+from servesim.engine.kv.block_pool import KvEvent, KvRemoved
 from servesim.engine.request import EngineRequest, Status
 from servesim.engine.worker import PassOutputs, ScheduledRemoval, Worker
 from servesim.metrics.collector import RequestRecord, Terminal
@@ -43,35 +43,48 @@ class KvObserver:
     them. A fast-forward window is applied lazily, so the Removed events its
     evictions publish at the start of its passes are scheduled instead, and
     :meth:`catch_up` applies those due before the router reads the index.
+    With ``lag_ms`` (``--kv-event-lag-ms``) every event reaches the index that
+    much later: it is held until then, in the order it was published.
     """
 
-    def __init__(self, indexer: KvIndexer, dp_size: int) -> None:
+    def __init__(self, indexer: KvIndexer, dp_size: int, *, lag_ms: float = 0.0) -> None:
         self.indexer = indexer
         self._dp = dp_size
-        self._due: list[
-            tuple[float, int, int, ScheduledRemoval]
-        ] = []  # (time, seq, worker, removal)
+        self._lag = lag_ms
+        # (time it is due, seq, worker, a scheduled removal or (target, events) held back)
+        self._due: list[tuple[float, int, int, ScheduledRemoval | tuple[int, list[KvEvent]]]] = []
         self._seq = 0
         self._workers: dict[int, Worker] = {}
 
-    def observe(self, worker: Worker) -> None:
-        """Apply the worker's recorded events; schedule its new window's removals."""
+    def observe(self, worker: Worker, now: float) -> None:
+        """Apply the worker's recorded events (or hold them back); schedule its window's removals."""
         base = worker.worker_id * self._dp
         for rank, events in worker.take_events():
-            self.indexer.apply(base + rank, events)
+            if self._lag:
+                self._push(now + self._lag, worker.worker_id, (base + rank, events))
+            else:
+                self.indexer.apply(base + rank, events)
         for removal in worker.take_scheduled_removals():
             self._workers[worker.worker_id] = worker
-            heapq.heappush(self._due, (removal.at_ms, self._seq, worker.worker_id, removal))
-            self._seq += 1
+            self._push(removal.at_ms + self._lag, worker.worker_id, removal)
 
     def catch_up(self, now: float) -> None:
-        """Apply the scheduled removals of passes that started before ``now``."""
+        """Apply the scheduled removals of passes that started before ``now`` (plus the lag),
+        and the events held back until ``now`` or earlier."""
         due = self._due
-        while due and due[0][0] < now:
-            _, _, worker_id, removal = heapq.heappop(due)
-            if self._workers[worker_id].removal_happened(removal):
-                target = worker_id * self._dp + removal.rank
-                self.indexer.apply(target, [KvRemoved((removal.block_hash,))])
+        while due and (due[0][0] < now or (due[0][0] == now and isinstance(due[0][3], tuple))):
+            _, _, worker_id, item = heapq.heappop(due)
+            if isinstance(item, tuple):
+                self.indexer.apply(*item)
+            elif self._workers[worker_id].removal_happened(item):
+                target = worker_id * self._dp + item.rank
+                self.indexer.apply(target, [KvRemoved((item.block_hash,))])
+
+    def _push(
+        self, at: float, worker_id: int, item: ScheduledRemoval | tuple[int, list[KvEvent]]
+    ) -> None:
+        heapq.heappush(self._due, (at, self._seq, worker_id, item))
+        self._seq += 1
 
 
 class AggregatedFlow:
@@ -116,13 +129,13 @@ class AggregatedFlow:
         ledger = self._ledger
         for request, reused in admitted:
             ledger.collector.on_admit(ledger.record(request.uid), now, reused)
-        self._observe(worker)
+        self._observe(worker, now)
 
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
         ledger, policy = self._ledger, self._policy
         ledger.deliver_tokens(outputs, now)
-        self._observe(worker)
+        self._observe(worker, now)
         if self._observer is not None:
             self._observer.catch_up(now)
         # Each request's signal in pass order, with the queue releases it triggers: a
@@ -173,8 +186,8 @@ class AggregatedFlow:
             )
             request.hashes = route.hashes.copy()
             self._pool.submit(routed.worker, routed.rank, request, now)
-            self._observe(self._pool.workers[routed.worker])
+            self._observe(self._pool.workers[routed.worker], now)
 
-    def _observe(self, worker: Worker) -> None:
+    def _observe(self, worker: Worker, now: float) -> None:
         if self._observer is not None:
-            self._observer.observe(worker)
+            self._observer.observe(worker, now)
