@@ -51,8 +51,10 @@ class KvObserver:
         self.indexer = indexer
         self._dp = dp_size
         self._lag = lag_ms
-        # (time it is due, seq, worker, a scheduled removal or (target, events) held back)
-        self._due: list[tuple[float, int, int, ScheduledRemoval | tuple[int, list[KvEvent]]]] = []
+        # (time it is due, kind: 0 events held back / 1 a scheduled removal, seq, worker, item)
+        self._due: list[
+            tuple[float, int, int, int, ScheduledRemoval | tuple[int, list[KvEvent]]]
+        ] = []
         self._seq = 0
         self._workers: dict[int, Worker] = {}
 
@@ -72,8 +74,9 @@ class KvObserver:
         """Apply the scheduled removals of passes that started before ``now`` (plus the lag),
         and the events held back until ``now`` or earlier."""
         due = self._due
-        while due and (due[0][0] < now or (due[0][0] == now and isinstance(due[0][3], tuple))):
-            _, _, worker_id, item = heapq.heappop(due)
+        # Held events due at ``now`` apply; removals only of passes that started before it.
+        while due and (due[0][0] < now or (due[0][0] == now and due[0][1] == 0)):
+            _, _, _, worker_id, item = heapq.heappop(due)
             if isinstance(item, tuple):
                 self.indexer.apply(*item)
             elif self._workers[worker_id].removal_happened(item):
@@ -83,7 +86,8 @@ class KvObserver:
     def _push(
         self, at: float, worker_id: int, item: ScheduledRemoval | tuple[int, list[KvEvent]]
     ) -> None:
-        heapq.heappush(self._due, (at, self._seq, worker_id, item))
+        kind = 0 if isinstance(item, tuple) else 1
+        heapq.heappush(self._due, (at, kind, self._seq, worker_id, item))
         self._seq += 1
 
 
@@ -147,6 +151,8 @@ class AggregatedFlow:
                 tokens[request] = tokens.get(request, 0) + 1
             emitted = list(tokens)
         for request in emitted:
+            # As the reference reads its signals: a request's first signal, unless it is
+            # also its last (a one-token burst that finishes), completes its prefill.
             burst = tokens.get(request, 1)
             first = ledger.record(request.uid).num_tokens == burst
             if first and (burst > 1 or request.status is not Status.FINISHED):

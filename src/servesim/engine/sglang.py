@@ -134,8 +134,6 @@ class SglangScheduler:
         self._passes = 0
         self._survivors: list[EngineRequest] = []
         self._unservable: list[EngineRequest] = []
-        # Decode cohort (see the module docstring): every running request but those
-        # that entered running in the current pass. _decode_index counts decode passes.
         # Speculative decoding: decode steps emit sampled bursts (prefill passes do not),
         # from a generator seeded per rank as the reference seeds it (seed + rank index).
         self._sampler: SpeculativeSampler | None = None
@@ -146,6 +144,8 @@ class SglangScheduler:
             if config.worker_type is not Role.PREFILL:
                 self._max_burst = config.aic_nextn + 1
             lazy = False  # a member decodes one token a pass: bursts step every pass
+        # Decode cohort (see the module docstring): running requests that have emitted on
+        # the rank. _decode_index counts decode passes.
         self.lazy = lazy
         self._decode_index = 0
         self._members: dict[EngineRequest, None] = {}
@@ -537,6 +537,8 @@ class SglangScheduler:
                 result.emitted.append(request)
             result.finished += last
         if batch:
+            # When not even evicting makes room, the reference too leaves them without
+            # their first token: they enter running and get it at the next decode pass.
             self._grow(batch, result)
         return start
 
@@ -890,8 +892,9 @@ class SglangScheduler:
         Returns:
             (reused prompt tokens, transferable tokens = fresh pages x page size).
         """
-        request.lease = RadixLease()
-        self._cap_output(request)
+        if request.lease is None:  # the first try of this reservation
+            request.lease = RadixLease()
+            self._cap_output(request)
         hashes = self._ensure_page_hashes(request, request.prompt_len)
         reservation = self.kv.reserve_destination(hashes, request.prompt_len)
         if reservation is None:

@@ -103,6 +103,7 @@ class VllmScheduler:
         # Speculative decoding: each decode step emits a sampled burst of tokens, from a
         # generator seeded per rank as the reference seeds it (seed + rank index).
         self._sampler: SpeculativeSampler | None = None
+        self._max_burst = 1
         if config.aic_nextn is not None:
             seed = (config.aic_mtp_seed + rank_index) & ((1 << 64) - 1)
             self._sampler = SpeculativeSampler(config.accept_rates, seed)
@@ -142,14 +143,7 @@ class VllmScheduler:
         leaves in the KV and under ``max_model_len`` (a prompt that fills
         either is rejected at admission).
         """
-        if self._no_evict:
-            # It reserves through completion: only the output it can realise counts.
-            room = self.config.total_kv_tokens - request.prompt_len
-            max_len = self.config.max_model_len
-            if max_len is not None:
-                room = min(room, max_len - request.prompt_len)
-            if room > 0:
-                request.max_output = min(request.max_output, room)
+        request.max_output = self._realisable_output(request)
         request.status = Status.WAITING
         self.waiting.append(request)
 
@@ -206,6 +200,7 @@ class VllmScheduler:
         """
         bs = self.block_size
         hits = 0
+        request.max_output = self._realisable_output(request)
         if self._no_evict:
             # TensorRT-LLM reserves fresh blocks (no prefix credit), and only while the
             # request's whole footprint fits beside every promise already made.
@@ -636,10 +631,21 @@ class VllmScheduler:
             )
         return self.config.num_gpu_blocks - self.pool.num_active - promised
 
+    def _realisable_output(self, request: EngineRequest) -> int:
+        """The output a request may generate here: under no-evict, what the prompt leaves
+        in the KV and under ``max_model_len`` (it reserves through completion)."""
+        if not self._no_evict:
+            return request.max_output
+        room = self.config.total_kv_tokens - request.prompt_len
+        max_len = self.config.max_model_len
+        if max_len is not None:
+            room = min(room, max_len - request.prompt_len)
+        return min(request.max_output, room) if room > 0 else request.max_output
+
     def _footprint(self, request: EngineRequest) -> int:
         """Tokens the admission check reserves: the known sequence, or (no-evict) the whole request."""
         if self._no_evict:
-            return request.prompt_len + request.max_output
+            return request.prompt_len + self._realisable_output(request)
         return request.length
 
     def _blocks_to_finish(self, request: EngineRequest) -> int:
@@ -868,22 +874,23 @@ class VllmScheduler:
             for r in ready
         ]
         result.bursts = True
+        reserved.reverse()  # handed out in the order they were taken
         for request, burst in zip(ready, bursts, strict=True):
             for token in range(burst):
+                # The previous token is computed now (its block may become full and
+                # cached); the new one dangles, its slot taken from the reservation.
                 length = request.length
                 if token and self._caching and length % bs == 0:
                     self._cache_blocks(request, length // bs - 1, length // bs)
                 request.num_computed = length
                 request.generated += 1
                 if len(request.blocks) * bs < request.length:
-                    request.blocks.append(reserved.pop(0))
+                    request.blocks.append(reserved.pop())
                 result.emitted.append(request)
                 if self._generation_complete(request):
                     result.finished.append(request)
                     self._finish(request)
                     break
-            else:
-                request.num_computed = request.length - 1  # the last token dangles
         if reserved:
             self.pool.release(reserved, 0, 0)
         return end
