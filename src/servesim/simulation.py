@@ -14,7 +14,7 @@ from typing import Any
 
 from servesim.cluster.flows import AggregatedFlow, KvObserver
 from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, Stage
-from servesim.config import EngineConfig, RouterConfig
+from servesim.config import Backend, EngineConfig, RouterConfig
 from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.collector import Collector, RequestRecord
@@ -153,8 +153,11 @@ def _collector_paused() -> Iterator[None]:
 
 def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report:
     sessions = _sessions(config)
-    # No KV-event consumer in these runs: blocks nobody else can match need no hash.
-    mark_shared_blocks(sessions, (config.prefill_engine or config.engine).block_size)
+    engine = config.prefill_engine or config.engine
+    if engine.backend is not Backend.SGLANG:
+        # The vLLM block pool hashes only blocks another request could match (the
+        # radix cache keys every page by its content, so SGLang needs no such look-ahead).
+        mark_shared_blocks(sessions, engine.block_size)
     admission = AdmissionQueue(
         sessions, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
     )

@@ -653,7 +653,8 @@ class SglangScheduler:
             lease.pages.append(reservation.take())
         lease.num_tokens = length
         if request.finish_step != d:
-            self._cache_prefix(request)
+            if length % self.block_size == 0:  # the token completed a page
+                self._cache_prefix(request)
             self._file(request, d + 1)
 
     def _depart(self, request: EngineRequest) -> None:
