@@ -52,7 +52,6 @@ are published as the radix cache stores and removes pages.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from typing import ClassVar
 
@@ -156,12 +155,12 @@ class SglangScheduler:
         self._due_steps: list[int] = []
         # Members by the time of their previous token: those that joined since the last
         # decode pass (their first or re-admission token), the rest at that pass's end.
-        self._joined: dict[EngineRequest, float] = {}
+        self._joined: dict[EngineRequest, float | None] = {}
         self._fresh: set[EngineRequest] = set()  # joined with their first token
         # Ends of the last two decode passes: a group pass's end (its slowest rank's),
         # known when the worker sets last_emit_ms (_decode_pending until then).
         self._last_decode_end = 0.0
-        self._prev_decode_end = 0.0
+        self._prev_decode_end: float | None = 0.0
         self._decode_pending = False
         self._last_pass_decoded = False
 
@@ -186,7 +185,7 @@ class SglangScheduler:
             self._decode_pending = False
         joined = self._joined
         for request, at in joined.items():
-            if math.isnan(at):
+            if at is None:  # joined in the pass that just ended
                 joined[request] = end
 
     @property
@@ -305,7 +304,7 @@ class SglangScheduler:
         self._passes += passes
         self._decode_index = last + 1
         self._last_decode_end = end_ms
-        self._prev_decode_end = math.nan  # the worker knows it (see flush_cohort)
+        self._prev_decode_end = None  # the worker knows it (see flush_cohort)
         self._decode_pending = False
         self._last_pass_decoded = True
         for request in finished:
@@ -329,9 +328,8 @@ class SglangScheduler:
         visible = self._decode_index - hidden
         last = self._last_decode_end
         if hidden and not self._decode_pending:  # the hidden pass ended a window
-            last = self._prev_decode_end
-            if math.isnan(last):  # inside the window: the worker has its previous pass end
-                last = last_ms
+            # Inside the window the worker has its previous pass end.
+            last = last_ms if self._prev_decode_end is None else self._prev_decode_end
         for request in self._members:
             tokens = visible - request.joined_step
             if tokens > 0:
@@ -402,7 +400,7 @@ class SglangScheduler:
             if request.status is not Status.RUNNING:
                 continue
             if request in emitted:
-                self._join(request, math.nan)  # at the pass end, known when it ends
+                self._join(request)
             else:
                 stay.append(request)  # promoted, no token yet: it joins after one
         self._others = stay
@@ -602,6 +600,7 @@ class SglangScheduler:
         last = self._last_decode_end
         groups: dict[float, int] = {}
         for at in self._joined.values():
+            assert at is not None, "a member's previous token came at an ended pass"
             groups[at] = groups.get(at, 0) + 1
         stayed = count - len(self._joined)
         if stayed:
@@ -622,15 +621,19 @@ class SglangScheduler:
             return request.cohort_base + self._decode_index - request.prompt_len
         return request.generated
 
-    def _join(self, request: EngineRequest, at: float) -> None:
-        """A running request whose last token came at ``at`` joins the cohort."""
+    def _join(self, request: EngineRequest) -> None:
+        """A running request that emitted in the pass now ending joins the cohort.
+
+        Its token's time, the pass's group end, is known when the worker ends
+        the pass (see the ``last_emit_ms`` setter).
+        """
         d = self._decode_index
         request.cohort_base = request.length - d
         request.joined_step = d
         request.finish_step = d + request.max_output - request.generated - 1
         self._members[request] = None
         self._sum_base += request.cohort_base
-        self._joined[request] = at
+        self._joined[request] = None
         if request.generated == 1:
             self._fresh.add(request)
         self._file(request, d)
