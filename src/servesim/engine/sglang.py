@@ -566,11 +566,9 @@ class SglangScheduler:
             if request.finish_step == d:
                 self._leave(request, d)
         others = self._others
-        if any(r.generated >= r.max_output for r in others):
-            done = [r for r in others if r.generated >= r.max_output]
+        done = self._finish_done(others, result)
+        if done:
             self._remove_running(done)
-            others[:] = [r for r in others if r.generated < r.max_output]
-            result.finished += done  # at their output length already: no token
         members = [r for r in due if r in self._members]
         crossing = sum(1 for r in members if (r.cohort_base + d) % ps == 0)
         growth = crossing * ps + self._page_growth(others)
@@ -651,6 +649,7 @@ class SglangScheduler:
         length = request.cohort_base + d + 1  # after the token
         request.generated = length - request.prompt_len
         request.num_computed = length
+        # RadixKvManager.extend_decode for one token, without its call on the window path.
         if (length - 1) % self.block_size == 0:
             assert reservation is not None
             lease.pages.append(reservation.take())
@@ -731,12 +730,13 @@ class SglangScheduler:
             return start
         return start + pass_duration(decode / self.timing.decode_divisor)
 
-    def _finish_done(self, batch: list[EngineRequest], result: PassResult) -> None:
-        """Requests already at their output length finish without a token."""
+    def _finish_done(self, batch: list[EngineRequest], result: PassResult) -> list[EngineRequest]:
+        """Requests already at their output length finish without a token (out of ``batch``)."""
         done = [r for r in batch if r.generated >= r.max_output]
         if done:
             batch[:] = [r for r in batch if r.generated < r.max_output]
             result.finished += done
+        return done
 
     def _grow(self, batch: list[EngineRequest], result: PassResult, max_burst: int = 1) -> bool:
         """Give each request of ``batch`` its token(s) and their slots; False if pages ran short.

@@ -768,12 +768,7 @@ class VllmScheduler:
 
     def _emit(self, now: float) -> float:
         """Price the pass, emit tokens and finish requests; return the pass end."""
-        n_prompts, sum_isl, sum_prefix = self._batch
-        prefill = 0.0
-        if n_prompts and self._computes_prompt:
-            prefill = self.timing.prefill_ms(
-                n_prompts, sum_isl // n_prompts, sum_prefix // n_prompts
-            )
+        prefill = self._prefill_ms()
         ready: list[EngineRequest] = []
         decoding = context = 0
         scheduled = self._scheduled
@@ -798,13 +793,7 @@ class VllmScheduler:
         decode = 0.0
         if decoding and self._decodes:
             decode = self.timing.decode_ms(decoding, context, context // decoding)
-        # The reference rounds each part to whole nanoseconds: decode starts at the prefill's end.
-        timing = self.timing
-        end = (
-            now
-            + pass_duration(prefill, timing.prefill_divisor)
-            + pass_duration(decode, timing.decode_divisor)
-        )
+        end = self._pass_end(now, prefill, decode)
         result = self._result
         if members:
             result.cohorts.append((self.last_emit_ms, members))
@@ -813,15 +802,29 @@ class VllmScheduler:
             if request.generated < request.max_output:
                 request.generated += 1
                 result.emitted.append(request)
-            if request.generated >= request.max_output or (
-                self.config.max_model_len is not None
-                and request.length >= self.config.max_model_len
-            ):
+            if self._generation_complete(request):
                 result.finished.append(request)
                 self._finish(request)
             elif join:
                 self._join(request)
         return end
+
+    def _prefill_ms(self) -> float:
+        """The prefill time of the pass's prompt chunks (0 on a decode rank)."""
+        n_prompts, sum_isl, sum_prefix = self._batch
+        if not n_prompts or not self._computes_prompt:
+            return 0.0
+        return self.timing.prefill_ms(n_prompts, sum_isl // n_prompts, sum_prefix // n_prompts)
+
+    def _pass_end(self, now: float, prefill: float, decode: float) -> float:
+        """When a pass started at ``now`` ends: the reference rounds each part to whole
+        nanoseconds, and decode starts at the prefill's end."""
+        timing = self.timing
+        return (
+            now
+            + pass_duration(prefill, timing.prefill_divisor)
+            + pass_duration(decode, timing.decode_divisor)
+        )
 
     def _emit_bursts(self, now: float) -> float:
         """:meth:`_emit` with speculative decoding: each ready request emits a sampled burst.
@@ -832,12 +835,7 @@ class VllmScheduler:
         included. A burst's tokens get their KV slots at once; all but the last
         count as computed. Returns the pass end.
         """
-        n_prompts, sum_isl, sum_prefix = self._batch
-        prefill = 0.0
-        if n_prompts and self._computes_prompt:
-            prefill = self.timing.prefill_ms(
-                n_prompts, sum_isl // n_prompts, sum_prefix // n_prompts
-            )
+        prefill = self._prefill_ms()
         result = self._result
         for request in [r for r in self.running if self._generation_complete(r)]:
             if request.num_computed == request.length:
@@ -855,18 +853,13 @@ class VllmScheduler:
                 break
             victim = self._pick_victim()
             if victim is None:
-                return now + pass_duration(prefill, self.timing.prefill_divisor)
+                return self._pass_end(now, prefill, 0.0)
             self._preempt(victim)
         decode = 0.0
         if ready and self._decodes:
             context = sum(r.length for r in ready)
             decode = self.timing.decode_ms(len(ready), context, context // len(ready))
-        timing = self.timing
-        end = (
-            now
-            + pass_duration(prefill, timing.prefill_divisor)
-            + pass_duration(decode, timing.decode_divisor)
-        )
+        end = self._pass_end(now, prefill, decode)
         sampler = self._sampler
         assert sampler is not None
         bursts = [

@@ -889,8 +889,6 @@ class RadixKvManager:
         lease.clear()
         return improved
 
-    abort = retract
-
     def evict(self, num_tokens: int) -> int:
         """Evict at least ``num_tokens`` cached tokens, oldest leaves first; publish Removed.
 
