@@ -1,37 +1,98 @@
-"""``servesim replay ...``: flags mirror the reference CLI (``python -m dynamo.replay``).
+"""``servesim replay ...``: flags mirror the reference CLI (``python -m dynamo.replay``);
+``servesim keys`` lists the engine and router keys.
 
-Exit codes: 0 success, 2 bad usage or input, 1 a simulation that cannot finish.
+Exit codes: 0 success, 2 bad usage or input, 1 a simulation that cannot finish,
+130 interrupted (Ctrl-C). Every error is one line, ``servesim: error: ...``.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
+import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import servesim
 from servesim.config import (
     EngineConfig,
+    KeyInfo,
     Role,
     RouterConfig,
+    engine_keys,
     load_json_argument,
     parse_engine_args,
     parse_router_config,
+    router_keys,
 )
 from servesim.errors import ConfigError, ServesimError
 from servesim.metrics.report import render_table, write_report_json, write_requests_jsonl
 from servesim.metrics.summary import Sla
 from servesim.simulation import RunConfig, SyntheticWorkload, count_requests, run
+from servesim.workload.mooncake import STDIN
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that keeps the epilog's line breaks and shows each option's default.
+
+    A default of None or False means "not given" and is not shown; help that
+    already names its default (``(default: 1)``) is left as it is.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings
+            and default is not None
+            and default is not False
+            and default is not argparse.SUPPRESS
+            and "default" not in text
+        ):
+            text += " (default: %(default)s)"
+        return text
 
 
 class _Parser(argparse.ArgumentParser):
+    """A parser that takes no abbreviations and reports a usage error on one line, with a
+    suggestion when one is close, then a one-line hint; exit code 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
+        match = _INVALID_CHOICE.search(message)
+        if match:
+            choices = re.findall(r"'([^']*)'", match["choices"])
+            message += _did_you_mean(match["given"], choices, quote="'")
         print(f"servesim: error: {message}", file=sys.stderr)
+        print(f"try '{self.prog} --help'", file=sys.stderr)
         raise SystemExit(2)
+
+    def reject_unknown(self, extras: list[str]) -> NoReturn:
+        """Refuse arguments the parser did not recognise, suggesting the closest option."""
+        known = [s for s in self._option_string_actions if s.startswith("--")]
+        suggestion = ""
+        for arg in extras:
+            if arg.startswith("--"):
+                suggestion = _did_you_mean(arg.split("=", 1)[0], known)
+                if suggestion:
+                    break
+        self.error(f"unrecognized arguments: {' '.join(extras)}{suggestion}")
+
+
+def _did_you_mean(given: str, choices: Sequence[str], quote: str = "") -> str:
+    close = difflib.get_close_matches(given, choices, n=1)
+    return f"; did you mean {quote}{close[0]}{quote}?" if close else ""
 
 
 def _integer(minimum: int, what: str) -> Callable[[str], int]:
@@ -73,101 +134,191 @@ def _positive(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+_EXAMPLES = """\
+examples:
+  servesim replay examples/mooncake_conversation_200.jsonl --num-workers 4
+  servesim replay trace.jsonl.gz --num-workers 8 --router-mode kv_router --report-json report.json
+  servesim replay --input-tokens 2000 --output-tokens 300 --request-count 1000 \\
+      --request-rate 20 --num-workers 4 --sla-ttft-ms 500 --sla-itl-ms 40
+
+'servesim keys' lists every engine and router key with its default.
+"""
+
+
+def build_parser() -> _Parser:
     """The ``servesim`` argument parser."""
-    parser = _Parser(prog="servesim", description="Simulate LLM inference serving in virtual time.")
+    parser = _Parser(
+        prog="servesim",
+        description="Simulate LLM inference serving in virtual time.",
+        epilog=_EXAMPLES,
+    )
+    parser.add_argument("--version", action="version", version=f"servesim {servesim.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = sub.add_parser("replay", help="replay a trace or synthetic workload on a simulated cluster")
+    p = sub.add_parser(
+        "replay",
+        help="replay a trace or synthetic workload on a simulated cluster",
+        description="Replay a Mooncake trace or a synthetic workload on a simulated cluster\n"
+        "and report what users would see.",
+        epilog=_EXAMPLES,
+    )
+    keys = sub.add_parser(
+        "keys",
+        help="list every engine and router key, with its default and meaning",
+        description="List every key --extra-engine-args (and the P/D engine flags) and\n"
+        "--router-config accept, with its default and meaning.",
+    )
+    p.set_defaults(command_parser=p)
+    keys.set_defaults(command_parser=keys)
+    _add_replay_arguments(p)
+    return parser
+
+
+def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("workload")
     w.add_argument(
-        "trace_files", nargs="*", type=Path, metavar="TRACE", help="Mooncake JSONL trace"
+        "trace_files",
+        nargs="*",
+        type=Path,
+        metavar="TRACE",
+        help="Mooncake JSONL trace, gzip-compressed or not; - reads it from stdin",
     )
     w.add_argument(
-        "--trace-block-size", type=_positive_int, default=512, help="tokens per hash id (512)"
+        "--trace-block-size",
+        metavar="N",
+        type=_positive_int,
+        default=512,
+        help="tokens per hash id",
     )
     w.add_argument(
         "--arrival-speedup-ratio",
+        metavar="X",
         type=_positive,
         default=1.0,
         help="divide arrival times and session delays by this (open-loop replay; ignored in closed loop)",
     )
     w.add_argument(
-        "--replay-concurrency", type=_positive_int, help="closed loop: at most N sessions in flight"
-    )
-    w.add_argument("--input-tokens", type=_positive_int, help="synthetic prompt length")
-    w.add_argument("--output-tokens", type=_positive_int, help="synthetic output length")
-    w.add_argument("--request-count", type=_positive_int, help="synthetic request count")
-    w.add_argument(
-        "--arrival-interval-ms", type=_non_negative, help="synthetic fixed arrival gap (0 = burst)"
+        "--replay-concurrency",
+        metavar="N",
+        type=_positive_int,
+        help="closed loop: at most N sessions in flight",
     )
     w.add_argument(
-        "--request-rate", type=_positive, help="synthetic Poisson arrivals, requests per second"
+        "--input-tokens", metavar="N", type=_positive_int, help="synthetic prompt length"
     )
-    w.add_argument("--seed", type=_seed, default=42, help="seed of every random choice (42)")
+    w.add_argument(
+        "--output-tokens", metavar="N", type=_positive_int, help="synthetic output length"
+    )
+    w.add_argument(
+        "--request-count", metavar="N", type=_positive_int, help="synthetic request count"
+    )
+    w.add_argument(
+        "--arrival-interval-ms",
+        metavar="MS",
+        type=_non_negative,
+        help="synthetic fixed arrival gap (0 = burst)",
+    )
+    w.add_argument(
+        "--request-rate",
+        metavar="RPS",
+        type=_positive,
+        help="synthetic Poisson arrivals, requests per second",
+    )
+    w.add_argument(
+        "--seed", metavar="N", type=_seed, default=42, help="seed of every random choice"
+    )
     w.add_argument(
         "--arrival-seed",
+        metavar="N",
         type=_seed,
         help="seed of the synthetic Poisson arrivals alone (default: --seed)",
     )
     c = p.add_argument_group("cluster")
-    c.add_argument("--num-workers", type=_positive_int, help="aggregated workers (1)")
     c.add_argument(
-        "--num-prefill-workers", type=_positive_int, help="disaggregated: prefill workers (1)"
+        "--num-workers", metavar="N", type=_positive_int, help="aggregated workers (default: 1)"
     )
     c.add_argument(
-        "--num-decode-workers", type=_positive_int, help="disaggregated: decode workers (1)"
+        "--num-prefill-workers",
+        metavar="N",
+        type=_positive_int,
+        help="disaggregated: prefill workers (default: 1)",
     )
     c.add_argument(
-        "--prefill-engine-args",
-        metavar="JSON",
-        help="disaggregated: prefill engine keys (JSON or @file)",
+        "--num-decode-workers",
+        metavar="N",
+        type=_positive_int,
+        help="disaggregated: decode workers (default: 1)",
     )
-    c.add_argument(
-        "--decode-engine-args",
-        metavar="JSON",
-        help="disaggregated: decode engine keys (JSON or @file)",
+    e = p.add_argument_group(
+        "engine", "Engine keys as inline JSON or @file; 'servesim keys' lists them."
     )
-    c.add_argument("--router-mode", choices=["round_robin", "kv_router"], default="round_robin")
-    c.add_argument(
+    e.add_argument(
+        "--extra-engine-args", metavar="JSON", help="aggregated: every worker's engine keys"
+    )
+    e.add_argument(
+        "--prefill-engine-args", metavar="JSON", help="disaggregated: prefill engine keys"
+    )
+    e.add_argument("--decode-engine-args", metavar="JSON", help="disaggregated: decode engine keys")
+    e.add_argument(
+        "--exact-passes",
+        action="store_true",
+        help="step every engine pass as its own event (no decode fast-forward; same results, slower)",
+    )
+    r = p.add_argument_group("router")
+    r.add_argument(
+        "--router-mode",
+        choices=["round_robin", "kv_router"],
+        default="round_robin",
+        help="how requests are placed on workers",
+    )
+    r.add_argument(
         "--session-affinity",
         choices=["disabled", "local", "modulo", "hrw"],
         default="disabled",
         help="KV router: keep a session's turns on one worker (simulation-only modes of the reference)",
     )
-    c.add_argument(
+    r.add_argument(
         "--router-config",
         metavar="JSON",
-        help="KV router settings (KvRouterConfig keys) as JSON or @file",
+        help="KV router keys (the reference's KvRouterConfig) as JSON or @file; 'servesim keys' lists them",
     )
-    c.add_argument(
+    r.add_argument(
         "--kv-event-lag-ms",
+        metavar="MS",
         type=_non_negative,
         default=0.0,
-        help="KV router only: engines' KV events reach the router's index this much later (0)",
+        help="KV router only: engines' KV events reach the router's index this much later",
     )
-    c.add_argument(
-        "--extra-engine-args", metavar="JSON", help="engine keys as inline JSON or @file"
+    g = p.add_argument_group("goodput and limits")
+    g.add_argument("--sla-ttft-ms", metavar="MS", type=_non_negative, help="goodput bound on TTFT")
+    g.add_argument(
+        "--sla-itl-ms",
+        metavar="MS",
+        type=_non_negative,
+        help="goodput bound on mean inter-token latency",
     )
-    c.add_argument(
-        "--exact-passes",
-        action="store_true",
-        help="step every engine pass as its own event (no decode fast-forward; same results, slower)",
+    g.add_argument(
+        "--sla-e2e-ms", metavar="MS", type=_non_negative, help="goodput bound on end-to-end latency"
     )
-    o = p.add_argument_group("report")
-    o.add_argument("--sla-ttft-ms", type=_non_negative, help="goodput bound on TTFT")
-    o.add_argument(
-        "--sla-itl-ms", type=_non_negative, help="goodput bound on mean inter-token latency"
-    )
-    o.add_argument("--sla-e2e-ms", type=_non_negative, help="goodput bound on end-to-end latency")
-    o.add_argument(
+    g.add_argument(
         "--max-sim-time-seconds",
+        metavar="S",
         type=_non_negative,
         help="stop when the simulated clock would pass this; unfinished requests are incomplete",
     )
-    o.add_argument("--report-json", type=Path, help='write {"summary": ...} here')
-    o.add_argument("--per-request-jsonl", type=Path, help="write one record per request here")
+    o = p.add_argument_group("output", "Report files are checked before the run and written whole.")
+    o.add_argument(
+        "--report-json",
+        metavar="PATH",
+        type=Path,
+        help='write {"summary": ...} here (a directory: inside it)',
+    )
+    o.add_argument(
+        "--per-request-jsonl",
+        metavar="PATH",
+        type=Path,
+        help="write one record per request here (a directory: inside it)",
+    )
     o.add_argument("--quiet", action="store_true", help="print no table")
-    return parser
 
 
 def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> RunConfig:
@@ -185,7 +336,10 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         if len(args.trace_files) != 1:
             parser.error(f"exactly one trace file is supported, got {len(args.trace_files)}")
         trace = args.trace_files[0]
-        if not trace.is_file():
+        if trace == STDIN:
+            if sys.stdin.isatty():
+                parser.error("the trace is to be read from stdin ('-'), but stdin is a terminal")
+        elif not trace.is_file():
             parser.error(f"trace file not found: {trace}")
     else:
         names = ("--input-tokens", "--output-tokens", "--request-count")
@@ -308,17 +462,150 @@ def _progress_bar(total: int | None) -> Callable[[int], None] | None:
     return update
 
 
+def check_writable(path: Path, flag: str) -> None:
+    """Refuse, before the run, a report path that could not be written after it.
+
+    A report is written to a temporary file beside it, then renamed, and missing
+    directories are created (as the reference creates them), so what must be
+    writable is the nearest directory that exists. A path that exists and is
+    not a regular file (``/dev/stdout``) is written in place.
+
+    Raises:
+        ConfigError: naming ``flag``, the path and why it cannot be written.
+    """
+    if path.exists() and not path.is_file():
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"{flag}: cannot write {path}: permission denied")
+        return
+    directory = path.parent
+    while not directory.exists():  # ends: "/" or "." exists
+        directory = directory.parent
+    if not directory.is_dir():
+        raise ConfigError(f"{flag}: cannot write {path}: {directory} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag}: cannot write {path}: no permission to write in {directory}")
+
+
+# Peak RSS of `servesim replay`, measured with /usr/bin/time -v: about 35 MB for the process;
+# about 5.5 KB per DP rank (100,000 workers: 575 MB; 10,000 workers x dp_size 8: 403 MB;
+# 10,000 prefill + 10,000 decode workers: 162 MB; num_gpu_blocks changes nothing); about
+# 1 KB per synthetic request (400,000 requests: 388 MB); about 40 bytes per byte of Mooncake
+# JSONL (the 3 MB conversation trace, 12,031 requests, 16 workers: 150 MB), which gzip
+# shrinks about 4 times. The estimate rounds each up a little.
+_BASE_BYTES = 35_000_000
+_BYTES_PER_RANK = 6_000
+_BYTES_PER_SYNTHETIC_REQUEST = 1_200
+_BYTES_PER_TRACE_BYTE = 40
+_GZIP_RATIO = 4
+MEMORY_WARNING_BYTES = 2_000_000_000
+"""Above this estimate the CLI warns before the run."""
+
+
+def estimate_memory_bytes(config: RunConfig) -> tuple[int, str]:
+    """A rough peak memory estimate of ``config``'s replay, and what it was estimated from.
+
+    A trace on stdin counts for nothing (its size is not known in advance).
+    """
+    if config.disaggregated:
+        assert config.prefill_engine is not None and config.decode_engine is not None
+        ranks = (
+            config.num_prefill_workers * config.prefill_engine.dp_size
+            + config.num_decode_workers * config.decode_engine.dp_size
+        )
+    else:
+        ranks = config.num_workers * config.engine.dp_size
+    total = _BASE_BYTES + ranks * _BYTES_PER_RANK
+    basis = _count(ranks, "DP rank")
+    if config.synthetic is not None:
+        total += config.synthetic.request_count * _BYTES_PER_SYNTHETIC_REQUEST
+        basis += ", " + _count(config.synthetic.request_count, "request")
+    elif config.trace is not None and config.trace != STDIN:
+        try:
+            size = config.trace.stat().st_size
+            with config.trace.open("rb") as handle:
+                if handle.read(2) == b"\x1f\x8b":
+                    size *= _GZIP_RATIO
+        except OSError:  # an unreadable trace is reported when the replay reads it
+            return total, basis
+        total += size * _BYTES_PER_TRACE_BYTE
+        basis += f", a {size / 1e6:,.1f} MB trace"
+    return total, basis
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _warn_if_large(config: RunConfig) -> None:
+    estimate, basis = estimate_memory_bytes(config)
+    if estimate > MEMORY_WARNING_BYTES:
+        print(
+            f"servesim: warning: this run may need about {estimate / 1e9:.1f} GB of memory "
+            f"({basis})",
+            file=sys.stderr,
+        )
+
+
+def render_keys() -> str:
+    """The ``servesim keys`` listing: every engine and router key, its default and meaning."""
+    sections: list[tuple[str, list[KeyInfo]]] = [
+        (
+            "Engine keys (--extra-engine-args, --prefill-engine-args, --decode-engine-args):",
+            engine_keys(),
+        ),
+        ("Router keys (--router-config, with --router-mode kv_router):", router_keys()),
+    ]
+    infos = [info for _, keys in sections for info in keys]
+    name_width = max(len(info.name) for info in infos)
+    default_width = max(len(info.default) for info in infos)
+    lines: list[str] = []
+    for title, keys in sections:
+        lines += [*([""] if lines else []), title]
+        lines.append(f"  {'key':<{name_width}}  {'default':<{default_width}}  meaning")
+        lines += [
+            f"  {k.name:<{name_width}}  {k.default:<{default_width}}  {k.meaning}" for k in keys
+        ]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code."""
+    """Run the CLI; returns the exit code.
+
+    Ctrl-C prints one line and returns 130. A report is only ever renamed into
+    place whole, so an interrupted run leaves no partial file.
+    """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        if sys.stderr.isatty():
+            sys.stderr.write("\r\033[K")  # the progress bar's line
+        print("servesim: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    command_parser: _Parser = getattr(args, "command_parser", parser)
+    if extras:
+        command_parser.reject_unknown(extras)
+    if args.command == "keys":
+        print(render_keys())
+        return 0
     # As the reference: an existing directory gets the report inside it.
     if args.report_json is not None and args.report_json.is_dir():
         args.report_json = args.report_json / "servesim_report.json"
     if args.per_request_jsonl is not None and args.per_request_jsonl.is_dir():
         args.per_request_jsonl = args.per_request_jsonl / "servesim_requests.jsonl"
     try:
-        config = config_from_args(args, parser)
+        for path, flag in (
+            (args.report_json, "--report-json"),
+            (args.per_request_jsonl, "--per-request-jsonl"),
+        ):
+            if path is not None:
+                check_writable(path, flag)
+        config = config_from_args(args, command_parser)
+        _warn_if_large(config)
         progress = None if args.quiet else _progress_bar(count_requests(config))
         report = run(config, progress=progress)
         if progress is not None:
@@ -330,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except OSError as exc:  # a report path that cannot be written
+    except OSError as exc:  # a report path that could not be written after all
         print(f"servesim: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
     if not args.quiet:

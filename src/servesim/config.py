@@ -9,6 +9,7 @@ simulate yet, is a :class:`ConfigError` naming the key.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -222,6 +223,15 @@ _SGLANG_KEYS: KeyTable = {
     "schedule_conservativeness": ("schedule_conservativeness", _float(0.0), 1.0),
 }
 
+_SGLANG_KEY_MEANINGS = {
+    "schedule_policy": "order of the waiting queue: fifo, or lpm (longest cached prefix first)",
+    "page_size": "tokens per radix-cache page; must equal block_size (null: block_size)",
+    "max_prefill_tokens": "token budget of one prefill pass",
+    "chunked_prefill_size": "largest prefill chunk in tokens (a multiple of block_size)",
+    "clip_max_new_tokens": "cap on each request's remaining output that admission reserves",
+    "schedule_conservativeness": "scales the new-token-ratio reserve admission keeps (0.7 x this)",
+}
+
 _U32 = (1 << 32) - 1
 
 _REASONING_KEYS: KeyTable = {
@@ -234,12 +244,23 @@ _REASONING_KEYS: KeyTable = {
     "thinking_ratio": ("thinking_ratio", _float(0.0, maximum=1.0), None),
 }
 
+_REASONING_KEY_MEANINGS = {
+    "start_thinking_token_id": "token id that opens a thinking span (required)",
+    "end_thinking_token_id": "token id that closes a thinking span (required)",
+    "thinking_ratio": "share of output tokens that are thinking tokens, in [0, 1] (required)",
+}
+
 _TRTLLM_KEYS: KeyTable = {
     "capacity_scheduler_policy": (
         None,
         _choice("guaranteed_no_evict", lowercase=False),
         "guaranteed_no_evict",
     ),
+}
+
+
+_TRTLLM_KEY_MEANINGS = {
+    "capacity_scheduler_policy": "admission policy; only guaranteed_no_evict is simulated",
 }
 
 
@@ -325,6 +346,64 @@ _ENGINE_KEYS: KeyTable = {
     "router_queue_policy": (None, _only(None, "router queueing"), None),
 }
 
+_NO_EFFECT = "accepted; no effect on an offline replay"
+_NOT_YET = "not simulated yet: only the default is accepted"
+
+# One line per engine key for ``servesim keys`` (a test checks every key has one).
+_ENGINE_KEY_MEANINGS = {
+    "backend": "engine to simulate: vllm, sglang or trtllm (case-insensitive)",
+    "engine_type": "the same as backend",
+    "num_gpu_blocks": "KV cache capacity of each DP rank, in blocks",
+    "block_size": "tokens per KV block",
+    "max_model_len": "longest prompt plus output a request may have (null: unbounded)",
+    "max_num_seqs": "most requests running at once per DP rank (null: unbounded)",
+    "max_num_batched_tokens": "token budget of one engine pass (null: unbounded)",
+    "enable_prefix_caching": "reuse cached prompt blocks across requests",
+    "enable_chunked_prefill": "split a prompt over several passes (vllm, trtllm)",
+    "speedup_ratio": "divide every pass duration by this",
+    "decode_speedup_ratio": "divide decode time by this as well",
+    "preemption_mode": "which running request loses its KV first when blocks run out: lifo or fifo",
+    "worker_type": "aggregated, prefill or decode; must match the pool it configures",
+    "timing_model": 'pass pricing: {"type": "polynomial"}, "interpolated" (with "path" to an NPZ) or "fixed" (with "prefill_ms", "decode_ms")',
+    "dp_size": "data-parallel ranks per worker, each with its own scheduler and KV cache",
+    "tensor_parallel_size": "GPUs per DP rank (counts towards GPU-hours)",
+    "startup_time": f"seconds before a new worker serves; {_NO_EFFECT} (no planner)",
+    "emit_kv_events": _NO_EFFECT,
+    "emit_kv_token_ids": _NO_EFFECT,
+    "num_gpu_blocks_is_explicit": _NO_EFFECT,
+    "has_perf_model": _NO_EFFECT,
+    "aic_mtp_seed": "seed of the speculative-decoding acceptance draws",
+    "sglang": "object of sglang.* keys (backend sglang only)",
+    "trtllm": "object of trtllm.* keys (backend trtllm only)",
+    "enable_local_indexer": f"live serving setting; {_NO_EFFECT}",
+    "bootstrap_port": f"live serving setting; {_NO_EFFECT}",
+    "handoff_session_timeout_ms": f"live serving setting; {_NO_EFFECT}",
+    "zmq_kv_events_port": f"live serving setting; {_NO_EFFECT}",
+    "zmq_replay_port": f"live serving setting; {_NO_EFFECT}",
+    "prefill_schedule_interval": _NOT_YET,
+    "prefill_decode_interval": _NOT_YET,
+    "aic_nextn": "speculative decoding: draft tokens per step, 1 to 5 (null: off)",
+    "aic_nextn_accept_rates": 'conditional acceptance rate of each draft, e.g. "0.85,0.3" (null: the reference\'s)',
+    "kv_transfer_bytes_per_token": "P/D: KV bytes moved per prompt token",
+    "kv_transfer_bandwidth": "P/D: transfer link bandwidth in GB/s (null: no transfer delay)",
+    "kv_transfer_timing_mode": "P/D, prefill side: full_prompt moves the whole prompt, destination_missing only blocks the decode rank lacks",
+    "kv_transfer_link_model": "P/D: shared (max-min fair links) or independent transfers",
+    "is_prefill": "legacy form of worker_type prefill",
+    "is_decode": "legacy form of worker_type decode",
+    "gpu_memory_utilization": f"AIC memory sizing; {_NOT_YET}",
+    "mem_fraction_static": f"AIC memory sizing; {_NOT_YET}",
+    "free_gpu_memory_fraction": f"AIC memory sizing; {_NOT_YET}",
+    "cuda_graph_reserved_bytes": f"AIC memory sizing; {_NOT_YET}",
+    "reasoning": "object of reasoning.* keys: which output tokens are thinking tokens (validated; changes nothing reported)",
+    "response_replay_trace_path": f"response replay; {_NOT_YET}",
+    "router_queue_policy": f"router queueing from engine args; {_NOT_YET}",
+}
+_SHOWN_DEFAULTS = {
+    "block_size": "64 vllm, 32 trtllm, 1 sglang",
+    "timing_model": '{"type": "polynomial"}',
+}
+"""Defaults ``servesim keys`` shows where the table's placeholder would mislead."""
+
 _DEFAULT_BLOCK_SIZE = {Backend.VLLM: 64, Backend.TRTLLM: 32, Backend.SGLANG: 1}
 
 
@@ -389,7 +468,7 @@ def _parse_keys(
         spec = table.get(key)
         if spec is None:
             raise ConfigError(
-                f"{source}: unknown {kind} key '{key}'; known keys: {', '.join(sorted(table))}"
+                f"{source}: unknown {kind} key '{key}'{_unknown_key_hint(key, table)}"
             )
         attribute, parse, _default = spec
         try:
@@ -399,6 +478,15 @@ def _parse_keys(
         if attribute is not None:
             values[attribute] = parsed
     return values
+
+
+def _unknown_key_hint(key: str, table: KeyTable) -> str:
+    """What to tell the user about an unknown key: the closest known one, and where the rest are."""
+    close = difflib.get_close_matches(key, table, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    if len(table) <= 10:
+        return f"{hint} (known keys: {', '.join(sorted(table))})"
+    return f"{hint} ('servesim keys' lists every key)"
 
 
 def parse_engine_args(
@@ -602,6 +690,48 @@ _ROUTER_KEYS: KeyTable = {
 }
 
 
+_ROUTER_KEY_MEANINGS = {
+    "overlap_score_credit": "blocks of prefill load one cached prompt block takes off a target's cost",
+    "overlap_score_credit_decay": "shrink that credit on targets with more prefill load than the least loaded",
+    "prefill_load_scale": "weight of the prefill load in the cost",
+    "decode_active_request_weight": "cost per active request on the target",
+    "router_temperature": "0: cheapest target; above 0: sample targets by softmax of cost at this temperature",
+    "router_track_active_blocks": "count the blocks of requests in flight in the decode term",
+    "router_assume_kv_reuse": "a block shared by active requests on a target counts once",
+    "router_track_prefill_tokens": "count uncached prompt tokens still to prefill as load",
+    "router_queue_threshold": "queue requests while every target's prefill load exceeds this x max_num_batched_tokens (null: no queue)",
+    "router_queue_policy": "order of the router queue: fcfs, lcfs or wspt",
+    "host_cache_hit_weight": f"host-tier credit; {_NO_EFFECT} (device tier only)",
+    "disk_cache_hit_weight": f"disk-tier credit; {_NO_EFFECT} (device tier only)",
+    "use_kv_events": f"live serving setting; {_NO_EFFECT}",
+    "router_replica_sync": f"live serving setting; {_NO_EFFECT}",
+    "router_ttl_secs": f"live serving setting; {_NO_EFFECT}",
+    "router_approximate_cache_policy": f"live serving setting; {_NO_EFFECT}",
+    "router_event_threads": f"live serving setting; {_NO_EFFECT}",
+    "router_tracking_hash": f"tracking hash; {_NOT_YET}",
+    "router_tracking_key_file": f"tracking keys; {_NOT_YET}",
+    "router_tracking_key_id": f"tracking keys; {_NOT_YET}",
+    "overlap_score_weight": f"the pre-1.6 cost formula; {_NOT_YET}",
+    "router_track_output_blocks": f"output-block tracking; {_NOT_YET}",
+    "router_prefill_load_model": f"AIC prefill load model; {_NOT_YET}",
+    "router_predicted_ttl_secs": f"predicted TTL; {_NOT_YET}",
+    "use_remote_indexer": f"remote indexer; {_NOT_YET}",
+    "serve_indexer": f"remote indexer; {_NOT_YET}",
+    "enable_session_prefix_index": f"session prefix index; {_NOT_YET}",
+    "shared_cache_multiplier": f"shared cache tier; {_NOT_YET}",
+    "shared_cache_type": f"shared cache tier; {_NOT_YET}",
+    "conditional_disagg_enabled": f"conditional disaggregation; {_NOT_YET}",
+    "conditional_disagg_policy": f"conditional disaggregation; {_NO_EFFECT}",
+    "conditional_disagg_eff_isl_threshold": f"conditional disaggregation; {_NO_EFFECT}",
+    "conditional_disagg_eff_isl_ratio_threshold": f"conditional disaggregation; {_NO_EFFECT}",
+    "conditional_disagg_prefill_busy_threshold": f"conditional disaggregation; {_NO_EFFECT}",
+    "conditional_disagg_decode_busy_threshold": f"conditional disaggregation; {_NO_EFFECT}",
+    "router_policy_config": f"router policy profiles; {_NOT_YET}",
+    "router_prefill_policy": f"router policy profiles; {_NOT_YET}",
+    "router_decode_policy": f"router policy profiles; {_NOT_YET}",
+}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RouterConfig:
     """The KV router's tunables, with the reference's (``KvRouterConfig``, 1.6.1) names and defaults."""
@@ -628,3 +758,46 @@ def parse_router_config(raw: Any, *, source: str = "--router-config") -> RouterC
         raise ConfigError(f"{source} must contain a JSON object, got {type(raw).__name__}")
     values = _parse_keys(raw, _ROUTER_KEYS, source=source, kind="router")
     return RouterConfig(**values)
+
+
+# ----- the key reference (``servesim keys``) -----
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyInfo:
+    """One key the config parser accepts: its name (``sglang.page_size`` when nested), the
+    default shown to users (JSON text) and a one-line meaning."""
+
+    name: str
+    default: str
+    meaning: str
+
+
+def _key_infos(table: KeyTable, meanings: Mapping[str, str], prefix: str = "") -> list[KeyInfo]:
+    infos = []
+    for key, (_attribute, _parse, default) in table.items():
+        shown = _SHOWN_DEFAULTS.get(key) if not prefix else None
+        infos.append(
+            KeyInfo(
+                name=prefix + key,
+                default=shown if shown is not None else json.dumps(default),
+                meaning=meanings.get(key, ""),
+            )
+        )
+    return infos
+
+
+def engine_keys() -> list[KeyInfo]:
+    """Every engine key :func:`parse_engine_args` accepts, nested ``sglang``, ``trtllm`` and
+    ``reasoning`` keys after the flat ones, read from the parser's own tables."""
+    return [
+        *_key_infos(_ENGINE_KEYS, _ENGINE_KEY_MEANINGS),
+        *_key_infos(_SGLANG_KEYS, _SGLANG_KEY_MEANINGS, "sglang."),
+        *_key_infos(_TRTLLM_KEYS, _TRTLLM_KEY_MEANINGS, "trtllm."),
+        *_key_infos(_REASONING_KEYS, _REASONING_KEY_MEANINGS, "reasoning."),
+    ]
+
+
+def router_keys() -> list[KeyInfo]:
+    """Every ``--router-config`` key :func:`parse_router_config` accepts, from its table."""
+    return _key_infos(_ROUTER_KEYS, _ROUTER_KEY_MEANINGS)

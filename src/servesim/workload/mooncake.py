@@ -9,16 +9,25 @@ in order of first appearance, so equal ids mean equal blocks.
 
 Rows sharing a ``session_id`` are the turns of one session, in file order;
 a row without one is a one-turn session named ``request_<line>``.
+
+A trace compressed with gzip (known by its magic bytes, whatever its name) is
+decompressed as it is read; the path ``-`` reads the trace from stdin. The
+file is read as a stream, line by line, in either case.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import math
+import sys
+import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from servesim.errors import TraceError
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
@@ -122,40 +131,89 @@ def _parse_row(
     return _Row(line, spec, timestamp, delay)
 
 
+STDIN = Path("-")
+"""The trace path that reads stdin."""
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_EXPECTED = (
+    "expected a Mooncake JSONL trace: one JSON object per line, such as "
+    '{"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [1, 2]}'
+)
+
+
+def _label(path: Path) -> str:
+    """How messages name the trace."""
+    return "<stdin>" if path == STDIN else str(path)
+
+
+@contextmanager
+def _open(path: Path) -> Iterator[io.BufferedIOBase]:
+    """The trace's bytes: stdin for ``-``, decompressed when they start with gzip's magic."""
+    # Not opened in a with: raw is closed by the `with raw` below. Stdin's descriptor is
+    # read but left open (closefd=False) for the caller.
+    try:
+        raw = open(sys.stdin.fileno(), "rb", closefd=False) if path == STDIN else path.open("rb")  # noqa: SIM115
+    except OSError as exc:
+        raise TraceError(f"cannot open trace file {_label(path)}: {exc.strerror}") from None
+    with raw:
+        if raw.peek(len(_GZIP_MAGIC))[: len(_GZIP_MAGIC)] != _GZIP_MAGIC:
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:  # leaves raw open: closed above
+            yield unzipped
+
+
 def _read_rows(path: Path, trace_block_size: int, cache: BlockContentCache) -> Iterator[_Row]:
     interner = _Interner()
-    try:
-        handle = path.open("r", encoding="utf-8")
-    except OSError as exc:
-        raise TraceError(f"cannot open trace file {path}: {exc.strerror}") from None
-    with handle:
-        for line_no, text in _lines(handle, path):
+    label = _label(path)
+    first = True
+    with _open(path) as handle:
+        for line_no, text in _lines(handle, label):
             if not text.strip():
                 continue
-            where = f"{path}:{line_no}"
+            where = f"{label}:{line_no}"
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
+                if first:
+                    raise TraceError(_not_jsonl(where, text)) from None
                 raise TraceError(
                     f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
                 ) from None
+            first = False
             yield _parse_row(obj, where, line_no, trace_block_size, interner, cache)
 
 
-def _lines(handle: TextIO, path: Path) -> Iterator[tuple[int, str]]:
+def _not_jsonl(where: str, text: str) -> str:
+    """The message for a trace whose first line is not JSON: most likely another format."""
+    line = text.strip()
+    shown = line if len(line) <= 60 else line[:57] + "..."
+    kind = "looks like CSV" if "," in line and line[0] not in "{[" else "is not JSON"
+    return f"{where}: not a Mooncake trace: this line {kind} ({shown!r}); {_EXPECTED}"
+
+
+def _lines(handle: io.BufferedIOBase, label: str) -> Iterator[tuple[int, str]]:
+    """Each line as text, with its 1-based number; each is decoded alone, so a bad byte is
+    reported on its own line."""
     line_no = 0
     try:
-        for line_no, text in enumerate(handle, start=1):
+        for line_no, data in enumerate(handle, start=1):
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                if line_no == 1:
+                    raise TraceError(f"{label}: not UTF-8 text; {_EXPECTED}") from None
+                raise TraceError(f"{label}:{line_no}: not UTF-8 text") from None
             yield line_no, text
-    except UnicodeDecodeError:
-        raise TraceError(f"{path}:{line_no + 1}: not UTF-8 text") from None
+    except (OSError, EOFError, zlib.error) as exc:  # damaged or truncated gzip data
+        raise TraceError(f"{label}:{line_no + 1}: cannot read the trace: {exc}") from None
 
 
 def read_mooncake(path: Path, *, trace_block_size: int, need_timestamps: bool) -> list[Session]:
     """Read a Mooncake trace into sessions, in order of first appearance.
 
     Args:
-        path: the JSONL file.
+        path: the JSONL file (gzip-compressed or not), or ``-`` for stdin.
         trace_block_size: tokens per hash id.
         need_timestamps: open-loop replay needs every session's first turn to
             carry a timestamp; closed-loop replay ignores them.
@@ -168,6 +226,7 @@ def read_mooncake(path: Path, *, trace_block_size: int, need_timestamps: bool) -
     cache = BlockContentCache()
     # Keyed apart, so that an explicit session named like an implicit one stays separate.
     sessions: dict[tuple[bool, str], list[_Row]] = {}
+    label = _label(path)
     for row in _read_rows(path, trace_block_size, cache):
         explicit = row.spec.session_id is not None
         # A row without a session is a one-turn session of its own, named as the reference names it.
@@ -176,18 +235,18 @@ def read_mooncake(path: Path, *, trace_block_size: int, need_timestamps: bool) -
         row.spec.affinity_key = key
         sessions.setdefault((explicit, key), []).append(row)
     if not sessions:
-        raise TraceError(f"trace file {path} did not contain any requests")
+        raise TraceError(f"trace file {label} did not contain any requests")
     # As the reference reports them: a trace without any session has no session ids or
     # turn numbers (null); in a trace with sessions, a row without one is turn 0 of its own.
     named = any(explicit for explicit, _ in sessions)
     return [
-        _session(path, key, rows, need_timestamps, named=named)
+        _session(label, key, rows, need_timestamps, named=named)
         for (_, key), rows in sessions.items()
     ]
 
 
 def _session(
-    path: Path, key: str, rows: list[_Row], need_timestamps: bool, *, named: bool
+    path: str, key: str, rows: list[_Row], need_timestamps: bool, *, named: bool
 ) -> Session:
     first = rows[0]
     where = f"{path}:{first.line}"

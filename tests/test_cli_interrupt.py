@@ -1,0 +1,47 @@
+"""Ctrl-C: a real SIGINT to a running replay prints one line, exits 130 and leaves no file."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _default_sigint() -> None:
+    # A process started in the background by a non-interactive shell ignores SIGINT, and a
+    # child inherits that; the user's terminal never does, so the test restores the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_sigint_stops_a_replay_cleanly(tmp_path: Path) -> None:
+    """SIGINT in the middle of a long replay: ``servesim: interrupted``, exit 130, no report,
+    no temporary file, no traceback."""
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [
+        "replay",
+        *("--input-tokens", "1000", "--output-tokens", "1000", "--request-count", "1000000"),
+        *("--request-rate", "100", "--num-workers", "4"),
+        *("--report-json", str(out / "report.json"), "--per-request-jsonl", str(out / "r.jsonl")),
+    ]
+    code = "from servesim.cli import main; raise SystemExit(main())"
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
+    try:
+        time.sleep(3.0)  # past start-up and into the replay, which takes minutes
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert (process.returncode, stdout, stderr) == (130, "", "servesim: interrupted\n")
+    assert list(out.iterdir()) == []
