@@ -123,6 +123,9 @@ def _only(default: Any, feature: str) -> Parser:
     return parse
 
 
+_NOT_YET_TEXT = "not simulated yet (only the default is accepted)"
+
+
 def _any(key: str, value: Any) -> Any:
     return value
 
@@ -234,6 +237,76 @@ _SGLANG_KEY_MEANINGS = {
 
 _U32 = (1 << 32) - 1
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostOffloadConfig:
+    """``native_host_offload``: a host-memory (G2) KV tier per DP rank, vLLM's
+    ``OffloadingConnector`` CPU path. Bandwidths in GB/s (0 = instant)."""
+
+    num_host_blocks: int
+    d2h_bandwidth_gbps: float = 32.0
+    h2d_bandwidth_gbps: float = 32.0
+    latency_to_first_byte_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiskOffloadConfig:
+    """``g3_offload``: a disk (G3) KV tier under the host tier, one per worker
+    (``worker_local``) or one for the cluster (``cluster_shared``). Bandwidths in
+    GB/s (0 = instant); a transfer's bytes start ``latency_to_first_byte_ms`` after it
+    is submitted, and concurrent transfers share the bandwidth equally."""
+
+    scope: str
+    num_g3_blocks: int
+    latency_to_first_byte_ms: float = 0.1
+    read_bandwidth_gbps: float = 10.0
+    write_bandwidth_gbps: float = 10.0
+    shared_read_bandwidth_gbps: float = 80.0
+    shared_write_bandwidth_gbps: float = 80.0
+
+
+_HOST_OFFLOAD_KEYS: KeyTable = {
+    "num_host_blocks": ("num_host_blocks", _int(1), None),
+    "d2h_bandwidth_gbps": ("d2h_bandwidth_gbps", _float(0.0), 32.0),
+    "h2d_bandwidth_gbps": ("h2d_bandwidth_gbps", _float(0.0), 32.0),
+    "latency_to_first_byte_ms": ("latency_to_first_byte_ms", _float(0.0), 0.0),
+    "scope": (None, _only("dp_rank_local", "a host tier shared by the cluster"), "dp_rank_local"),
+    "kv_layout_id": (None, _only(None, "a host tier shared by the cluster"), None),
+    "shared_d2h_bandwidth_gbps": (None, _only(None, "a host tier shared by the cluster"), None),
+    "shared_h2d_bandwidth_gbps": (None, _only(None, "a host tier shared by the cluster"), None),
+}
+
+_HOST_OFFLOAD_KEY_MEANINGS = {
+    "num_host_blocks": "host KV capacity of each DP rank, in blocks (required)",
+    "d2h_bandwidth_gbps": "GPU-to-host copy bandwidth, GB/s (0: instant)",
+    "h2d_bandwidth_gbps": "host-to-GPU copy bandwidth, GB/s (0: instant)",
+    "latency_to_first_byte_ms": "delay before a copy's bytes start moving",
+    "scope": f"dp_rank_local: one host tier per DP rank; cluster_shared is {_NOT_YET_TEXT}",
+    "kv_layout_id": f"names the layout of a cluster-shared host tier; {_NOT_YET_TEXT}",
+    "shared_d2h_bandwidth_gbps": f"cluster-shared host tier bandwidth; {_NOT_YET_TEXT}",
+    "shared_h2d_bandwidth_gbps": f"cluster-shared host tier bandwidth; {_NOT_YET_TEXT}",
+}
+
+_DISK_OFFLOAD_KEYS: KeyTable = {
+    "scope": ("scope", _choice("worker_local", "cluster_shared", lowercase=False), None),
+    "num_g3_blocks": ("num_g3_blocks", _int(1), None),
+    "latency_to_first_byte_ms": ("latency_to_first_byte_ms", _float(0.0), 0.1),
+    "read_bandwidth_gbps": ("read_bandwidth_gbps", _float(0.0), 10.0),
+    "write_bandwidth_gbps": ("write_bandwidth_gbps", _float(0.0), 10.0),
+    "shared_read_bandwidth_gbps": ("shared_read_bandwidth_gbps", _float(0.0), 80.0),
+    "shared_write_bandwidth_gbps": ("shared_write_bandwidth_gbps", _float(0.0), 80.0),
+}
+
+_DISK_OFFLOAD_KEY_MEANINGS = {
+    "scope": "worker_local (a disk tier per worker) or cluster_shared (one for all; required)",
+    "num_g3_blocks": "disk KV capacity of the tier, in blocks (required)",
+    "latency_to_first_byte_ms": "delay before a disk transfer's bytes start moving",
+    "read_bandwidth_gbps": "disk-to-host bandwidth of one worker, GB/s (0: instant)",
+    "write_bandwidth_gbps": "host-to-disk bandwidth of one worker, GB/s (0: instant)",
+    "shared_read_bandwidth_gbps": "cluster_shared: disk read bandwidth all workers share, GB/s",
+    "shared_write_bandwidth_gbps": "cluster_shared: disk write bandwidth all workers share, GB/s",
+}
+
 _REASONING_KEYS: KeyTable = {
     "start_thinking_token_id": (
         "start_thinking_token_id",
@@ -264,16 +337,17 @@ _TRTLLM_KEY_MEANINGS = {
 }
 
 
-def _sub_keys(table: KeyTable, *, required: bool = False) -> Parser:
-    """A nested object of its own keys (``sglang``, ``trtllm``, ``reasoning``), parsed with
-    ``table``; with ``required``, every key of the table must be given."""
+def _sub_keys(table: KeyTable, *, required: bool | tuple[str, ...] = False) -> Parser:
+    """A nested object of its own keys (``sglang``, ``trtllm``, ``reasoning``, ...), parsed
+    with ``table``; ``required``: every key of the table (True), or those named, must be given."""
+    needed = tuple(table) if required is True else required or ()
 
     def parse(key: str, value: Any) -> Any:
         if value is None:
             return None
         if not isinstance(value, dict):
             raise ConfigError(f"'{key}' must be a JSON object, got {value!r}")
-        missing = [name for name in table if name not in value] if required else []
+        missing = [name for name in needed if name not in value]
         if missing:
             raise ConfigError(f"'{key}' needs {', '.join(repr(m) for m in missing)}")
         return _parse_keys(value, table, source=f"'{key}'", kind=key)
@@ -344,6 +418,18 @@ _ENGINE_KEYS: KeyTable = {
     "reasoning": (None, _sub_keys(_REASONING_KEYS, required=True), None),
     "response_replay_trace_path": (None, _only(None, "response replay"), None),
     "router_queue_policy": (None, _only(None, "router queueing"), None),
+    # KV offload tiers (vLLM): bytes of one token's KV, a host tier, a disk tier under it.
+    "kv_cache_bytes_per_token": ("kv_cache_bytes_per_token", _int(1, nullable=True), None),
+    "native_host_offload": (
+        "native_host_offload",
+        _sub_keys(_HOST_OFFLOAD_KEYS, required=("num_host_blocks",)),
+        None,
+    ),
+    "g3_offload": (
+        "g3_offload",
+        _sub_keys(_DISK_OFFLOAD_KEYS, required=("scope", "num_g3_blocks")),
+        None,
+    ),
 }
 
 _NO_EFFECT = "accepted; no effect on an offline replay"
@@ -397,6 +483,9 @@ _ENGINE_KEY_MEANINGS = {
     "reasoning": "object of reasoning.* keys: which output tokens are thinking tokens (validated; changes nothing reported)",
     "response_replay_trace_path": f"response replay; {_NOT_YET}",
     "router_queue_policy": f"router queueing from engine args; {_NOT_YET}",
+    "kv_cache_bytes_per_token": "KV bytes of one token in GPU memory (sizes offloaded blocks)",
+    "native_host_offload": "object of native_host_offload.* keys: a host-memory KV tier (vllm)",
+    "g3_offload": "object of g3_offload.* keys: a disk KV tier under the host tier (vllm)",
 }
 _SHOWN_DEFAULTS = {
     "block_size": "64 vllm, 32 trtllm, 1 sglang",
@@ -437,6 +526,9 @@ class EngineConfig:
     aic_nextn: int | None = None
     aic_nextn_accept_rates: tuple[float, ...] | None = None
     aic_mtp_seed: int = 42
+    kv_cache_bytes_per_token: int | None = None
+    native_host_offload: HostOffloadConfig | None = None
+    g3_offload: DiskOffloadConfig | None = None
 
     @property
     def accept_rates(self) -> tuple[float, ...]:
@@ -521,6 +613,7 @@ def parse_engine_args(
             )
     values.pop("trtllm", None)  # its one policy is the only one accepted
     _check_speculative(values, source)
+    _check_offload(values, source)
     sglang = values.pop("sglang", None) or {}
     page_size = sglang.pop("page_size", None)
     if "block_size" not in values:
@@ -553,6 +646,42 @@ def _check_speculative(values: dict[str, Any], source: str) -> None:
             f"{source}: aic_nextn requires decode_speedup_ratio=1.0 (speculative decoding is "
             "modelled by sampling bursts of tokens, not by a faster decode step)"
         )
+
+
+def _check_offload(values: dict[str, Any], source: str) -> None:
+    """Turn the offload objects into their configs; reject what the reference rejects."""
+    host, disk = values.get("native_host_offload"), values.get("g3_offload")
+    if disk is not None and host is None:
+        raise ConfigError(
+            f"{source}: g3_offload requires native_host_offload (the disk tier sits under "
+            "the host tier)"
+        )
+    if host is None:
+        return
+    backend = values.get("backend", Backend.VLLM)
+    if backend is not Backend.VLLM:
+        raise ConfigError(
+            f"{source}: native_host_offload is supported only for the vllm backend, "
+            f"not {backend}"
+        )
+    if values.get("kv_cache_bytes_per_token") is None:
+        raise ConfigError(
+            f"{source}: native_host_offload requires kv_cache_bytes_per_token (the size of "
+            "an offloaded block is block_size x kv_cache_bytes_per_token)"
+        )
+    if not values.get("enable_prefix_caching", True):
+        raise ConfigError(f"{source}: native_host_offload requires enable_prefix_caching=true")
+    if values.get("aic_nextn") is not None:
+        raise ConfigError(
+            f"{source}: native_host_offload cannot be combined with aic_nextn "
+            "(speculative decoding), as in the reference"
+        )
+    values["native_host_offload"] = HostOffloadConfig(**host)
+    if disk is None:
+        return
+    if values.get("dp_size", 1) != 1:
+        raise ConfigError(f"{source}: g3_offload supports only dp_size=1, as in the reference")
+    values["g3_offload"] = DiskOffloadConfig(**disk)
 
 
 def _sglang_config(
@@ -788,13 +917,15 @@ def _key_infos(table: KeyTable, meanings: Mapping[str, str], prefix: str = "") -
 
 
 def engine_keys() -> list[KeyInfo]:
-    """Every engine key :func:`parse_engine_args` accepts, nested ``sglang``, ``trtllm`` and
-    ``reasoning`` keys after the flat ones, read from the parser's own tables."""
+    """Every engine key :func:`parse_engine_args` accepts, the nested ones (``sglang``,
+    ``trtllm``, ``reasoning``, the offload tiers) after the flat ones, from the parser's tables."""
     return [
         *_key_infos(_ENGINE_KEYS, _ENGINE_KEY_MEANINGS),
         *_key_infos(_SGLANG_KEYS, _SGLANG_KEY_MEANINGS, "sglang."),
         *_key_infos(_TRTLLM_KEYS, _TRTLLM_KEY_MEANINGS, "trtllm."),
         *_key_infos(_REASONING_KEYS, _REASONING_KEY_MEANINGS, "reasoning."),
+        *_key_infos(_HOST_OFFLOAD_KEYS, _HOST_OFFLOAD_KEY_MEANINGS, "native_host_offload."),
+        *_key_infos(_DISK_OFFLOAD_KEYS, _DISK_OFFLOAD_KEY_MEANINGS, "g3_offload."),
     ]
 
 

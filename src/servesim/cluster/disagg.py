@@ -163,7 +163,7 @@ class DisaggregatedFlow:
             handoff = self._handoffs[request.uid]
             record = handoff.record
             if pool.stage is Stage.PREFILL:
-                collector.on_admit(record, now, reused)
+                collector.on_admit(record, now, reused, request.host_reused)
                 if record.prefill_admit_ms is None:
                     record.prefill_admit_ms = now
             elif record.decode_admit_ms is None:

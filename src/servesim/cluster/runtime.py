@@ -4,14 +4,15 @@ Virtual time is in ms. At each timestamp the runtime settles everything that
 becomes possible at that instant, in a fixed order, until nothing changes:
 
 1. pass ends due now, by (stage, worker id) with stages aggregated < prefill
-   < decode: their outputs go to the flow;
+   < decode: their outputs go to the flow; then idle workers' own work due now
+   (KV copies to and from a host tier completing);
 2. the flow's own work due now (KV transfers, handoff actions);
 3. arrivals ready now (including turns unlocked by step 1): the flow routes them;
 4. idle workers with work start a pass, prefill pool before decode pool,
    lowest worker id first;
 
-then jumps to the next timestamp: the earliest pass end, arrival or flow
-deadline. A pass is decided at its start; its outputs become visible at its end.
+then jumps to the next timestamp: the earliest pass end, arrival, flow
+deadline or idle worker's own deadline. A pass is decided at its start; its outputs become visible at its end.
 
 What happens to a request between arrival and its end is the *flow*'s
 business (:mod:`servesim.cluster.flows`); the runtime owns the clock, the
@@ -205,6 +206,13 @@ class Runtime:
         self._completions = completions
         self._pools = {pool.stage: pool for pool in flow.pools}
         self._worker_seconds = dict.fromkeys(self._pools, 0.0)
+        # Idle workers' own deadlines (engine-owned work: KV copies completing), as
+        # (time, stage, worker id); _wakes holds the one pushed last for each worker.
+        self._own_work = any(
+            w.config.native_host_offload is not None for p in flow.pools for w in p.workers
+        )
+        self._deadlines: list[tuple[float, int, int]] = []
+        self._wakes: dict[tuple[int, int], float] = {}
 
     def run(self, max_sim_time_ms: float | None = None) -> RunOutcome:
         """Run until every request has ended (or the next timestamp passes the cap)."""
@@ -213,6 +221,7 @@ class Runtime:
             upcoming = min(
                 self.admission.next_ready_ms(self.now),
                 self._completions[0][0] if self._completions else math.inf,
+                self._deadlines[0][0] if self._deadlines else math.inf,
                 self.flow.next_deadline(),
             )
             if upcoming == math.inf:
@@ -258,6 +267,8 @@ class Runtime:
             changed = (
                 bool(completions) and completions[0][0] == now and self._apply_completions(now)
             )
+            if self._deadlines and self._deadlines[0][0] == now:
+                changed |= self._apply_own_work(now)
             changed |= self.flow.settle(now)
             if admission.next_ready_ms(now) <= now:
                 changed |= self._release_arrivals(now)
@@ -279,6 +290,29 @@ class Runtime:
             self.flow.on_pass_end(pool, worker, worker.finish_pass(), now)
             changed = True
         return changed
+
+    def _apply_own_work(self, now: float) -> bool:
+        deadlines, changed = self._deadlines, False
+        while deadlines and deadlines[0][0] == now:
+            _, stage, worker_id = heapq.heappop(deadlines)
+            if self._wakes.get((stage, worker_id)) == now:
+                del self._wakes[stage, worker_id]
+            pool = self._pools[Stage(stage)]
+            worker = pool.workers[worker_id]
+            if worker.busy or worker.next_internal_deadline() > now:
+                continue  # a pass is in flight (its end completes what is due), or done already
+            worker.process_internal(now)
+            pool.wake(worker_id)
+            changed = True
+        return changed
+
+    def _watch_own_work(self, pool: Pool, worker_id: int) -> None:
+        """An idle worker: make sure the loop wakes it at its own next deadline."""
+        at = pool.workers[worker_id].next_internal_deadline()
+        key = (pool.stage, worker_id)
+        if at < math.inf and self._wakes.get(key) != at:
+            self._wakes[key] = at
+            heapq.heappush(self._deadlines, (at, pool.stage, worker_id))
 
     def _release_arrivals(self, now: float) -> bool:
         released = self.admission.release(now)
@@ -310,9 +344,13 @@ class Runtime:
     def _start_pass(self, pool: Pool, worker_id: int, now: float) -> bool:
         worker = pool.workers[worker_id]
         if not worker.can_start():
+            if self._own_work and not worker.busy:
+                self._watch_own_work(pool, worker_id)
             return False
         begun = worker.start_pass(now)
         if begun is None:
+            if self._own_work:
+                self._watch_own_work(pool, worker_id)
             return False
         end, admitted = begun
         self.flow.on_pass_start(pool, worker, admitted, now)

@@ -55,6 +55,7 @@ class EngineRequest:
         "finish_step",
         "generated",
         "hashes",
+        "host_reused",
         "joined_step",
         "lease",
         "max_output",
@@ -88,6 +89,9 @@ class EngineRequest:
         self.num_computed = 0
         self.num_preemptions = 0
         self.pending_cached = 0
+        # Of the prefix its latest admission reused, the tokens loaded from a host tier
+        # (None: its rank has no host tier).
+        self.host_reused: int | None = None
         self.status = Status.WAITING
         # Admission order on its rank (running order); see VllmScheduler's decode cohort
         # for the other three, which hold a lazily advanced decoder's progress.

@@ -133,6 +133,18 @@ class RankScheduler(Protocol):
         """Assert the KV invariants against the requests the rank holds (tests call it)."""
         ...
 
+    def next_internal_deadline(self) -> float:
+        """When the rank next has work of its own, a KV transfer completing (``math.inf``: none)."""
+        ...
+
+    def process_internal(self, now: float) -> None:
+        """While idle: complete the rank's own work due by ``now``."""
+        ...
+
+    def complete_boundary(self, now: float) -> None:
+        """A pass ended at ``now``: complete the rank's own work due by then."""
+        ...
+
     def flush_cohort(self, passes_ended: int, last_ms: float) -> None:
         """At a time cap: bring fast-forwarded requests' records up to ``passes_ended`` passes."""
         ...

@@ -52,6 +52,7 @@ are published as the radix cache stores and removes pages.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from typing import ClassVar
 
@@ -872,6 +873,16 @@ class SglangScheduler:
                 hashes += request.prompt.block_hashes(ps, min(pages, prompt_pages))[len(hashes) :]
             hashes.extend(generated_block_hash(request.salt, j) for j in range(len(hashes), pages))
         return hashes
+
+    def next_internal_deadline(self) -> float:
+        """An SGLang rank has no work of its own (no offload tier)."""
+        return math.inf
+
+    def process_internal(self, now: float) -> None:
+        """Nothing: see :meth:`next_internal_deadline`."""
+
+    def complete_boundary(self, now: float) -> None:
+        """Nothing: see :meth:`next_internal_deadline`."""
 
     def check(self) -> None:
         """Assert the radix cache's invariants given every lease and reservation of the rank."""

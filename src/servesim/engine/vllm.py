@@ -39,6 +39,7 @@ catch-up when it leaves.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from enum import Enum
 from typing import ClassVar
@@ -46,6 +47,7 @@ from typing import ClassVar
 import numpy as np
 
 from servesim.config import Backend, EngineConfig, Role
+from servesim.engine.host_offload import HostOffload, Lookup
 from servesim.engine.kv.block_pool import BlockPool, KvEvent
 from servesim.engine.kv.hashing import chain, generated_block_hash
 from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
@@ -109,6 +111,18 @@ class VllmScheduler:
             self._sampler = SpeculativeSampler(config.accept_rates, seed)
             self._max_burst = config.aic_nextn + 1 if self._decodes else 1
             lazy = False  # a member decodes one token a pass: bursts step every pass
+        # Host offload (see servesim.engine.host_offload): requests deferred or parked by
+        # the connector wait in _connector, ahead of ``waiting``; _asleep holds those that
+        # wait for a transfer to complete.
+        self._offload: HostOffload | None = None
+        self._connector: list[EngineRequest] = []
+        self._asleep: set[EngineRequest] = set()
+        if config.native_host_offload is not None:
+            assert config.kv_cache_bytes_per_token is not None
+            self._offload = HostOffload(
+                config.native_host_offload, self.block_size, config.kv_cache_bytes_per_token
+            )
+            lazy = False  # transfers complete at pass boundaries: passes are stepped
         # Decode cohort (see the module docstring). _step counts this rank's passes;
         # _others holds the running requests that are not members.
         self.lazy = lazy
@@ -146,6 +160,12 @@ class VllmScheduler:
         request.max_output = self._realisable_output(request)
         request.status = Status.WAITING
         self.waiting.append(request)
+        if self._offload is not None:
+            # Every prompt block may be offered to host and found there: all are named.
+            request.named_blocks = ALL_BLOCKS
+            full = request.prompt_len // self.block_size
+            self._ensure_hashes(request, full)
+            self._offload.track(request, request.hashes[:full])
 
     @property
     def kv_events(self) -> list[KvEvent] | None:
@@ -154,7 +174,7 @@ class VllmScheduler:
 
     def has_work(self) -> bool:
         """Whether a pass could do anything."""
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting) or len(self._connector) > len(self._asleep)
 
     def never_fits(self, request: EngineRequest) -> bool:
         """Whether a fresh request can never be served here, however long it waits.
@@ -248,10 +268,15 @@ class VllmScheduler:
         if not cohort:
             self._sync(self._step - 1)
             self._schedule_running()
-        if not result.preempted and len(self.running) < self._max_seqs:
+        if self._offload is not None:
+            self._schedule_waiting_offload(now)
+            for request in self.running:
+                if request in self._scheduled:
+                    self._offload.observe_computed(request)
+        elif not result.preempted and len(self.running) < self._max_seqs:
             self._schedule_waiting()
         result.end_ms = self._emit(now) if self._sampler is None else self._emit_bursts(now)
-        result.progressed = bool(
+        result.progressed |= bool(
             cohort or self._scheduled or result.finished or result.rejected or result.preempted
         )
         return result
@@ -556,6 +581,125 @@ class VllmScheduler:
             if self._budget == 0:
                 return
 
+    def _schedule_waiting_offload(self, now: float) -> None:
+        """The waiting loop with a host tier (see :mod:`servesim.engine.host_offload`).
+
+        As :meth:`_schedule_waiting`, except: the first awake connector waiter
+        goes before the FIFO head; after the GPU prefix match the request
+        looks up its host run, and a hit reserves GPU blocks and starts a load
+        instead of admitting (the request then waits for the load); a request
+        the connector defers sleeps until some transfer completes. A hit must
+        also fit beside the blocks running prefills and other loads will
+        still need, and the loop stops once the token budget is spent.
+        """
+        offload = self._offload
+        assert offload is not None
+        running, result, bs = self.running, self._result, self.block_size
+        reserved = sum(self._prefill_reservation(r) for r in running)
+        reserved += sum(offload.unreserved_tail(r) for r in (*self.waiting, *self._connector))
+        while not result.preempted and len(running) < self._max_seqs and self._budget > 0:
+            request = next((r for r in self._connector if r not in self._asleep), None)
+            if request is None:
+                if not self.waiting:
+                    return
+                request = self.waiting[0]
+            before = self._prefill_reservation(request)
+            if self.never_fits(request):
+                self._dequeue(request)
+                request.status = Status.FINISHED
+                offload.forget(request)
+                result.rejected.append(request)
+                continue
+            load = offload.load_of(request)
+            length = request.length
+            keys: list[int] = []
+            if load is not None and load.activated:
+                # Admission reuses exactly the prefix the load left it holding.
+                g1 = active = raw = min(load.prefix_blocks, (length - 1) // bs)
+                verdict = Lookup.MISS
+            else:
+                full = min(length // bs, request.named_blocks)
+                self._ensure_hashes(request, full)
+                raw, _ = self.pool.match_prefix(request.hashes, full)
+                verdict, keys = offload.lookup(request, raw)
+                if verdict is Lookup.DEFERRED:
+                    self._sleep(request)
+                    continue
+                g1, active = self.pool.match_prefix(request.hashes, min(full, (length - 1) // bs))
+            needed = -(-length // bs) - max(active, offload.reserved_blocks(request))
+            available = self.config.num_gpu_blocks - self.pool.num_active
+            if verdict is Lookup.HIT:
+                available -= reserved
+            if needed > available:
+                return
+            if verdict is Lookup.HIT:
+                if offload.loading_any(keys):
+                    self._sleep(request)
+                    continue
+                if not self.pool.allocate(request.blocks, request.hashes[:raw], len(keys)):
+                    return
+                offload.start_load(request, keys, raw, now)
+                reserved += self._prefill_reservation(request) - before
+                self._sleep(request)
+                result.progressed = True
+                continue
+            request.pending_cached = g1 * bs
+            outcome = self._schedule(request, from_waiting=True)
+            reserved += self._prefill_reservation(request) - before
+            if outcome is not _Outcome.SCHEDULED:
+                return
+            request.host_reused = offload.on_admitted(request, g1 * bs)
+
+    def _prefill_reservation(self, request: EngineRequest) -> int:
+        """Blocks a request will still need for its prompt: a running chunked prefill's
+        rest, or the tail beyond a host load's prefix."""
+        offload = self._offload
+        assert offload is not None
+        blocks = offload.unreserved_tail(request)
+        if request.status is Status.RUNNING and request.num_computed < request.prompt_len:
+            blocks += max(0, -(-request.length // self.block_size) - len(request.blocks))
+        return blocks
+
+    def _sleep(self, request: EngineRequest) -> None:
+        """Park a request with the connector until a transfer completes (keeping its place there)."""
+        if request not in self._asleep and request not in self._connector:
+            self.waiting.remove(request)
+            self._connector.append(request)
+        self._asleep.add(request)
+
+    def _dequeue(self, request: EngineRequest) -> None:
+        """Take a request out of whichever waiting queue holds it."""
+        if self._connector and request in self._connector:
+            self._connector.remove(request)
+            self._asleep.discard(request)
+        else:
+            self.waiting.remove(request)
+
+    # ----- engine-owned deadlines (host offload) -----
+
+    def next_internal_deadline(self) -> float:
+        """When this rank next has work of its own: a transfer completing (``math.inf``: none)."""
+        return math.inf if self._offload is None else self._offload.next_deadline()
+
+    def process_internal(self, now: float) -> None:
+        """While idle, complete the transfers due by ``now``."""
+        if self._offload is not None:
+            self._settle_transfers(*self._offload.advance(now))
+
+    def complete_boundary(self, now: float) -> None:
+        """A pass ended at ``now``: transfers due complete and the pass's stores start."""
+        if self._offload is not None:
+            self._settle_transfers(*self._offload.boundary(now))
+
+    def _settle_transfers(self, loaded: list[EngineRequest], progressed: bool) -> None:
+        for request in loaded:
+            load = self._offload.load_of(request) if self._offload is not None else None
+            assert load is not None
+            if self._caching:
+                self.pool.cache(request.blocks, request.hashes, load.base_blocks, load.prefix_blocks)
+        if progressed:
+            self._asleep.clear()
+
     def _waiting_head(self) -> EngineRequest | None:
         """The next request to admit (None: admit nothing more this pass).
 
@@ -685,7 +829,7 @@ class VllmScheduler:
         self._scheduled[request] = (desired, prompt_before, prompt_tokens)
         self._budget = budget - desired
         if from_waiting:
-            self.waiting.remove(request)
+            self._dequeue(request)
             request.status = Status.RUNNING
             request.seq = self._seq
             self._seq += 1
@@ -706,7 +850,10 @@ class VllmScheduler:
                 num_new = total_blocks - prefix_blocks
             if num_new <= 0 and not prefix:
                 return _Outcome.SCHEDULED
+            held = len(request.blocks) + len(prefix)
             if pool.allocate(request.blocks, prefix, num_new):
+                if self._offload is not None:
+                    self._offload.fence_blocks(request.blocks[held:])
                 return _Outcome.SCHEDULED
             victim = self._pick_victim()
             if victim is None:
@@ -742,6 +889,8 @@ class VllmScheduler:
             self._ensure_hashes(victim, full)
             self.pool.cache(victim.blocks, victim.hashes, victim.named_blocks, full)
         victim.named_blocks = ALL_BLOCKS
+        if self._offload is not None:
+            self._offload.on_preempted(victim)
         self.release_kv(victim)
         victim.num_computed = 0
         victim.pending_cached = 0
@@ -820,6 +969,8 @@ class VllmScheduler:
         """When a pass started at ``now`` ends: the reference rounds each part to whole
         nanoseconds, and decode starts at the prefill's end."""
         timing = self.timing
+        if self._offload is not None:
+            now = max(now, self._offload.fence)
         return (
             now
             + pass_duration(prefill, timing.prefill_divisor)
@@ -903,6 +1054,8 @@ class VllmScheduler:
         request.status = Status.FINISHED
         self.running.remove(request)
         del self._others[request]
+        if self._offload is not None:
+            self._offload.forget(request)
         self.role.finished(request)
 
     def check(self) -> None:
@@ -918,7 +1071,10 @@ class VllmScheduler:
             kept += role.held.values()
         if isinstance(role, DestinationRole):
             kept += role.in_transfer
+        kept += self._connector
         self.pool.check([r.blocks for r in (*self.running, *self.waiting, *kept)])
+        if self._offload is not None:
+            self._offload.check()
         assert self.pool.num_active <= sum(len(r.blocks) for r in (*self.running, *kept))
 
     def _ensure_hashes(self, request: EngineRequest, num_blocks: int) -> None:

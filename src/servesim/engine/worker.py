@@ -243,9 +243,21 @@ class Worker:
         assert self.busy_until is not None
         for rank in self.ranks:
             rank.last_emit_ms = self.busy_until
+            rank.complete_boundary(self.busy_until)
         self.busy_until = None
         out, self._outputs = self._outputs, PassOutputs()
         return out
+
+    def next_internal_deadline(self) -> float:
+        """When a rank next has work of its own, such as a KV copy completing (``math.inf``: none)."""
+        return min(rank.next_internal_deadline() for rank in self.ranks)
+
+    def process_internal(self, now: float) -> None:
+        """While idle, let the ranks complete their own work due by ``now``."""
+        assert self.busy_until is None
+        for rank in self.ranks:
+            rank.process_internal(now)
+        self.stalled = False
 
     # ----- its ranks' parts in P/D handoffs (the disaggregated flow's commands) -----
 

@@ -29,6 +29,7 @@ class RequestRecord:
         "destination_reserved_ms",
         "dp_rank",
         "first_admit_ms",
+        "first_host_reused",
         "first_reused",
         "first_token_ms",
         "input_length",
@@ -74,6 +75,8 @@ class RequestRecord:
         self.scheduler: int | None = None
         self.first_admit_ms: float | None = None
         self.first_reused = 0
+        # Of first_reused, the tokens loaded from a host tier (None: no host tier).
+        self.first_host_reused: int | None = None
         self.reused = 0
         self.first_token_ms: float | None = None
         self.second_token_ms: float | None = None
@@ -169,11 +172,15 @@ class Collector:
         record.scheduler = worker * dp_size + dp_rank
 
     @staticmethod
-    def on_admit(record: RequestRecord, now: float, reused_tokens: int) -> None:
-        """A rank admitted the request (again, after a preemption) reusing cached tokens."""
+    def on_admit(
+        record: RequestRecord, now: float, reused_tokens: int, host_tokens: int | None = None
+    ) -> None:
+        """A rank admitted the request (again, after a preemption) reusing cached tokens,
+        ``host_tokens`` of them loaded from its host tier (None: it has none)."""
         if record.first_admit_ms is None:
             record.first_admit_ms = now
             record.first_reused = reused_tokens
+            record.first_host_reused = host_tokens
         record.reused = max(record.reused, reused_tokens)
 
     def on_token(self, record: RequestRecord, now: float) -> None:

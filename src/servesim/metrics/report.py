@@ -20,7 +20,7 @@ def _uuid(uid: int) -> str:
 def request_row(r: RequestRecord) -> dict[str, Any]:
     """One per-request JSONL record (reference field names)."""
     lat = latencies(r)
-    return {
+    row = {
         "uuid": _uuid(r.uid),
         "session_id": r.session_id,
         "turn_index": r.turn_index,
@@ -54,6 +54,11 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "dp_rank": r.dp_rank,
         "terminal_status": r.terminal.value if r.terminal is not None else "incomplete",
     }
+    if r.first_host_reused is not None:
+        # With a host tier: where the first admission's reused prefix came from.
+        row["first_admission_g1_reused_input_tokens"] = r.first_reused - r.first_host_reused
+        row["first_admission_host_reused_input_tokens"] = r.first_host_reused
+    return row
 
 
 def _atomic_write(path: Path, chunks: Iterable[str]) -> None:

@@ -1,0 +1,275 @@
+"""A vLLM rank's side of host offload: which prompt blocks it stores and loads, and when.
+
+The rank's scheduler (:class:`~servesim.engine.vllm.VllmScheduler`) asks this
+adapter at three points of a pass, as the reference's vLLM core asks its
+``OffloadingConnector`` model:
+
+- **Lookup** (waiting loop, after the GPU prefix match): the prompt blocks
+  after the GPU hit that are on host, as one contiguous run. A run that
+  includes a block still being stored, or being loaded for another request,
+  defers the request until some transfer completes. Every lookup touches the
+  prompt's host blocks in reverse order.
+- **Load**: GPU blocks are reserved for the run (the request holds its GPU
+  prefix and the new blocks) and the copy to GPU is queued, no earlier than
+  the pending stores of the GPU blocks it overwrites. When it completes, the
+  blocks become cached GPU blocks and the request is admitted at the next
+  pass, reusing them.
+- **Store** (after scheduling): a scheduled request's newly computed full
+  prompt blocks that are not on host are prepared as one copy, submitted at
+  the pass end. Until it completes, the GPU blocks it reads carry its id: a
+  pass that reuses such a block for new tokens starts its compute only when
+  the copy is done, and a load into it starts only then.
+
+Transfers complete at pass boundaries, or at their own deadline while the
+rank is idle (the worker's engine-owned deadlines).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from servesim.config import HostOffloadConfig
+from servesim.engine.kv.host_tier import BlockKey, HostTier, Kind, Residency
+from servesim.engine.request import EngineRequest
+
+
+@dataclass(slots=True)
+class _Load:
+    """A host prefix being copied to the GPU (then *activated*: copied, not yet admitted)."""
+
+    tid: int
+    keys: list[BlockKey]
+    base_blocks: int  # GPU prefix the request held before the load
+    g1_tokens: int  # GPU prefix tokens found at lookup (for the reuse attribution)
+    footprint_blocks: int  # blocks of the request's known sequence at lookup
+    activated: bool = False
+
+    @property
+    def prefix_blocks(self) -> int:
+        """GPU prefix the request holds once the load is done: its own plus the loaded blocks."""
+        return self.base_blocks + len(self.keys)
+
+
+@dataclass(slots=True)
+class _RequestState:
+    prompt_keys: list[BlockKey]
+    next_store: int = 0  # prompt blocks before this one were offered to host
+    latest_store: int | None = None
+    load: _Load | None = None
+
+
+class Lookup(Enum):
+    """What a waiting request's host lookup found."""
+
+    MISS = 0
+    HIT = 1
+    DEFERRED = 2
+
+
+class HostOffload:
+    """One rank's host tier, the per-request offload state, and the GPU blocks being copied."""
+
+    def __init__(self, config: HostOffloadConfig, block_size: int, bytes_per_token: int) -> None:
+        self.block_size = block_size
+        self.tier = HostTier(config, block_size * bytes_per_token)
+        self._states: dict[int, _RequestState] = {}
+        self._loading_keys: dict[BlockKey, int] = {}  # key -> load transfer id
+        self._loads: dict[int, EngineRequest] = {}  # load transfer id -> its request
+        # GPU blocks a store is still reading: block id -> the store's transfer id.
+        self._copying: dict[int, int] = {}
+        self._store_blocks: dict[int, list[int]] = {}
+        self.fence = 0.0
+        """No pass computes before this: it reuses GPU blocks whose copy ends then."""
+
+    # ----- per request -----
+
+    def track(self, request: EngineRequest, prompt_keys: list[BlockKey]) -> None:
+        """A request arrived; ``prompt_keys`` are its full prompt blocks' hashes."""
+        self._states[request.uid] = _RequestState(prompt_keys)
+
+    def forget(self, request: EngineRequest) -> None:
+        """The request ended on this rank."""
+        self._states.pop(request.uid, None)
+
+    def load_of(self, request: EngineRequest) -> _Load | None:
+        """The request's load, under way or activated."""
+        return self._states[request.uid].load
+
+    def reserved_blocks(self, request: EngineRequest) -> int:
+        """GPU blocks a loading or activated request holds as its prefix."""
+        load = self._states[request.uid].load
+        return 0 if load is None else load.prefix_blocks
+
+    def unreserved_tail(self, request: EngineRequest) -> int:
+        """Blocks a loading or activated request will still need beyond its prefix."""
+        load = self._states[request.uid].load
+        return 0 if load is None else max(0, load.footprint_blocks - load.prefix_blocks)
+
+    # ----- the waiting loop -----
+
+    def lookup(
+        self, request: EngineRequest, g1_blocks: int
+    ) -> tuple[Lookup, list[BlockKey]]:
+        """The host run after the request's ``g1_blocks`` cached GPU blocks.
+
+        Returns (MISS or DEFERRED, []) or (HIT, the run's keys).
+        """
+        state = self._states[request.uid]
+        if state.load is not None:
+            return (Lookup.MISS, []) if state.load.activated else (Lookup.DEFERRED, [])
+        tier = self.tier
+        if state.latest_store is not None:
+            if tier.in_flight(state.latest_store):
+                return Lookup.DEFERRED, []
+            state.latest_store = None
+        keys = state.prompt_keys
+        outcome: tuple[Lookup, list[BlockKey]] = (Lookup.MISS, [])
+        if g1_blocks < len(keys):
+            matched, deferred = 0, False
+            for key in keys[g1_blocks:]:
+                found = tier.lookup(key)
+                if found is Residency.MISS:
+                    break
+                deferred |= found is Residency.PENDING or key in self._loading_keys
+                matched += 1
+            if matched and deferred:
+                outcome = (Lookup.DEFERRED, [])
+            elif matched:
+                outcome = (Lookup.HIT, keys[g1_blocks : g1_blocks + matched])
+        for key in reversed(keys):
+            tier.touch(key)
+        return outcome
+
+    def loading_any(self, keys: list[BlockKey]) -> bool:
+        """Whether another request's load is copying one of these blocks."""
+        return any(key in self._loading_keys for key in keys)
+
+    def start_load(
+        self,
+        request: EngineRequest,
+        keys: list[BlockKey],
+        base_blocks: int,
+        now: float,
+    ) -> None:
+        """Queue the copy of ``keys`` into the GPU blocks the request just reserved after its prefix."""
+        not_before = now
+        for block in request.blocks[base_blocks:]:
+            tid = self._copying.get(block)
+            if tid is not None:
+                not_before = max(not_before, self.tier.deadline(tid))
+        transfer = self.tier.schedule_load(keys, request.uid, not_before)
+        for key in keys:
+            self._loading_keys[key] = transfer.tid
+        self._loads[transfer.tid] = request
+        self._states[request.uid].load = _Load(
+            transfer.tid,
+            keys,
+            base_blocks,
+            base_blocks * self.block_size,
+            -(-request.length // self.block_size),
+        )
+
+    def on_admitted(self, request: EngineRequest, reused_tokens: int) -> int:
+        """The request was admitted reusing ``reused_tokens``; return those that came from host."""
+        state = self._states[request.uid]
+        load, state.load = state.load, None
+        if load is None:
+            return 0
+        assert load.activated, "a request is admitted only once its load is done"
+        state.next_store = reused_tokens // self.block_size
+        return reused_tokens - min(load.g1_tokens, reused_tokens)
+
+    # ----- stores -----
+
+    def observe_computed(self, request: EngineRequest) -> None:
+        """Offer the request's newly computed full prompt blocks to host (after scheduling).
+
+        The blocks not on host are stored as one copy, unless one of their
+        GPU blocks is still being read by another store (tried again at a
+        later pass) or host eviction cannot make room.
+        """
+        state = self._states[request.uid]
+        keys = state.prompt_keys
+        end = min(min(request.num_computed, request.prompt_len) // self.block_size, len(keys))
+        start = state.next_store
+        if end <= start:
+            return
+        tier = self.tier
+        missing = [i for i in range(start, end) if tier.lookup(keys[i]) is Residency.MISS]
+        if not missing:
+            state.next_store = end
+            return
+        sources = [request.blocks[i] for i in missing]
+        if any(block in self._copying for block in sources):
+            return
+        transfer = tier.prepare_store(keys[start:end], request.uid)
+        if transfer is None:
+            return
+        for block in sources:
+            self._copying[block] = transfer.tid
+        self._store_blocks[transfer.tid] = sources
+        state.latest_store = transfer.tid
+        state.next_store = end
+        for key in reversed(keys):
+            tier.touch(key)
+
+    def fence_blocks(self, blocks: list[int]) -> None:
+        """New tokens go into ``blocks``: compute waits for the stores still reading them."""
+        copying = self._copying
+        for block in blocks:
+            tid = copying.get(block)
+            if tid is not None:
+                self.fence = max(self.fence, self.tier.deadline(tid))
+
+    def on_preempted(self, request: EngineRequest) -> None:
+        """vLLM flushes a preempted request's store before its blocks are freed."""
+        tid = self._states[request.uid].latest_store
+        if tid is not None and self.tier.in_flight(tid):
+            deadline = self.tier.deadline(tid)
+            if math.isfinite(deadline):
+                self.fence = max(self.fence, deadline)
+
+    # ----- transfer completion -----
+
+    def advance(self, now: float) -> tuple[list[EngineRequest], bool]:
+        """Complete the transfers due by ``now``.
+
+        Returns the requests whose load completed (the caller makes their
+        blocks cached and marks them activated) and whether any transfer completed.
+        """
+        done = self.tier.advance(now)
+        loaded: list[EngineRequest] = []
+        for transfer in done:
+            if transfer.kind is Kind.STORE:
+                for block in self._store_blocks.pop(transfer.tid):
+                    if self._copying.get(block) == transfer.tid:
+                        del self._copying[block]
+        for transfer in done:
+            if transfer.kind is Kind.LOAD:
+                for key in transfer.keys:
+                    del self._loading_keys[key]
+                request = self._loads.pop(transfer.tid)
+                load = self._states[request.uid].load
+                assert load is not None and load.tid == transfer.tid
+                load.activated = True
+                loaded.append(request)
+        return loaded, bool(done)
+
+    def boundary(self, now: float) -> tuple[list[EngineRequest], bool]:
+        """A pass ended at ``now``: complete what is due, submit its stores, settle instant ones."""
+        loaded, progressed = self.advance(now)
+        self.tier.submit_prepared(now)
+        more, again = self.advance(now)
+        return loaded + more, progressed or again
+
+    def next_deadline(self) -> float:
+        """When the next transfer completes (``math.inf`` if none is under way)."""
+        return self.tier.next_deadline()
+
+    def check(self) -> None:
+        """Assert the tier's invariants and that every copy source is a live store's."""
+        self.tier.check()
+        for block, tid in self._copying.items():
+            assert self.tier.in_flight(tid), f"GPU block {block} is tagged by a finished store"

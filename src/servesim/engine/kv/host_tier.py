@@ -1,0 +1,246 @@
+"""A host-memory (G2) KV tier of one DP rank: vLLM's ``OffloadingConnector`` CPU path.
+
+Blocks are keyed by their sequence hash. Each is *pending* (its GPU-to-host
+copy is under way) or *resident*, and a resident block may be *pinned* by
+host-to-GPU loads reading it. Capacity counts both states.
+
+**Recency.** Resident, unpinned blocks sit in an LRU. A lookup touches a
+request's prompt blocks one by one in reverse logical order (so a prompt's
+first block is the most recent); a completed copy touches its blocks as one
+cohort, which the reference orders by sequence hash within the cohort. Eviction
+takes the least recent first, skipping the blocks of the store that needs
+the room.
+
+**Transfers.** Two FIFO lanes, device-to-host (stores) and host-to-device
+(loads): a copy starts at ``max(lane tail, not_before + latency)`` and takes
+``blocks x block_bytes / (GB/s x 1e6)`` ms; 0 GB/s is instant. A store is
+*prepared* during a pass (its blocks become pending at once) and submitted
+on the lane at the pass end. Completions are taken in (deadline, stores before
+loads, transfer id) order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import IntEnum
+
+from servesim.config import HostOffloadConfig
+
+BlockKey = int
+"""A block's sequence hash."""
+
+RESIDENT = -1
+"""``_Entry.pending`` of a block whose copy to host has completed."""
+
+
+class Residency(IntEnum):
+    """What a lookup finds for one block."""
+
+    MISS = 0
+    PENDING = 1
+    HIT = 2
+
+
+class Kind(IntEnum):
+    """A transfer's direction; also the order of completions due at the same time."""
+
+    STORE = 0
+    LOAD = 1
+
+
+@dataclass(slots=True)
+class _Entry:
+    pending: int  # the store's transfer id, or RESIDENT
+    pins: int = 0
+
+
+@dataclass(slots=True)
+class Transfer:
+    """One copy between GPU and host memory."""
+
+    tid: int
+    kind: Kind
+    keys: list[BlockKey]
+    owner: int  # the request's uid
+    deadline: float = math.inf  # set when submitted on its lane
+
+
+class Lane:
+    """A FIFO copy lane: each transfer starts when the previous one ends."""
+
+    __slots__ = ("_bytes_per_ms", "latency_ms", "tail")
+
+    def __init__(self, gbps: float, latency_ms: float) -> None:
+        self._bytes_per_ms = gbps * 1e6
+        self.latency_ms = latency_ms
+        self.tail = 0.0
+
+    def submit(self, not_before: float, nbytes: float) -> float:
+        """Queue a copy that may start at ``not_before``; return when it ends."""
+        start = max(self.tail, not_before + self.latency_ms)
+        self.tail = start + (nbytes / self._bytes_per_ms if self._bytes_per_ms > 0 else 0.0)
+        return self.tail
+
+
+class HostTier:
+    """Host KV blocks of one rank, their LRU and the copies under way."""
+
+    def __init__(self, config: HostOffloadConfig, block_bytes: int) -> None:
+        self.capacity = config.num_host_blocks
+        self.block_bytes = block_bytes
+        self._entries: dict[BlockKey, _Entry] = {}
+        self._lru: dict[BlockKey, None] = {}  # resident and unpinned, least recent first
+        self._d2h = Lane(config.d2h_bandwidth_gbps, config.latency_to_first_byte_ms)
+        self._h2d = Lane(config.h2d_bandwidth_gbps, config.latency_to_first_byte_ms)
+        self._transfers: dict[int, Transfer] = {}  # prepared or submitted, not completed
+        self._prepared: list[Transfer] = []
+        self._due: list[tuple[float, int, int]] = []  # (deadline, kind, tid) of submitted ones
+        self._next_tid = 0
+
+    # ----- lookups -----
+
+    def lookup(self, key: BlockKey) -> Residency:
+        """Whether the block is on host, on its way there, or absent."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return Residency.MISS
+        return Residency.HIT if entry.pending == RESIDENT else Residency.PENDING
+
+    def in_flight(self, tid: int) -> bool:
+        """Whether a transfer is prepared or under way."""
+        return tid in self._transfers
+
+    def deadline(self, tid: int) -> float:
+        """When a submitted transfer completes."""
+        return self._transfers[tid].deadline
+
+    def next_deadline(self) -> float:
+        """The earliest submitted transfer's completion (``math.inf`` if none)."""
+        return self._due[0][0] if self._due else math.inf
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lru_order(self) -> list[BlockKey]:
+        """Evictable blocks, next victim first (for tests)."""
+        return list(self._lru)
+
+    # ----- recency -----
+
+    def touch(self, key: BlockKey) -> None:
+        """Make a resident, unpinned block the most recent (no-op otherwise)."""
+        if key in self._lru:
+            del self._lru[key]
+            self._lru[key] = None
+
+    def _touch_cohort(self, keys: Iterable[BlockKey]) -> None:
+        """Blocks that became evictable together: most recent, ordered by key among themselves."""
+        entries, lru = self._entries, self._lru
+        for key in sorted(keys):
+            entry = entries.get(key)
+            if entry is not None and entry.pending == RESIDENT and not entry.pins:
+                lru.pop(key, None)
+                lru[key] = None
+
+    # ----- stores -----
+
+    def prepare_store(self, keys: list[BlockKey], owner: int) -> Transfer | None:
+        """Make room for the blocks of ``keys`` not on host yet and mark them pending.
+
+        Returns the prepared store, or None when eviction (never of ``keys``
+        themselves, nor of pinned or pending blocks) cannot make room; the
+        caller retries at a later pass. The caller checked that some are missing.
+        """
+        entries = self._entries
+        missing = list(dict.fromkeys(k for k in keys if k not in entries))
+        need = len(missing) - (self.capacity - len(entries))
+        if need > 0:
+            protected = set(keys)
+            victims = []
+            for key in self._lru:
+                if key not in protected:
+                    victims.append(key)
+                    if len(victims) == need:
+                        break
+            if len(victims) < need:
+                return None
+            for key in victims:
+                del self._lru[key]
+                del entries[key]
+        transfer = Transfer(self._next_tid, Kind.STORE, missing, owner)
+        self._next_tid += 1
+        for key in missing:
+            entries[key] = _Entry(transfer.tid)
+        self._transfers[transfer.tid] = transfer
+        self._prepared.append(transfer)
+        return transfer
+
+    def submit_prepared(self, now: float) -> None:
+        """Put the stores prepared during the pass that ends at ``now`` on the copy lane."""
+        for transfer in self._prepared:
+            transfer.deadline = self._d2h.submit(now, len(transfer.keys) * self.block_bytes)
+            heapq.heappush(self._due, (transfer.deadline, Kind.STORE, transfer.tid))
+        self._prepared.clear()
+
+    # ----- loads -----
+
+    def schedule_load(self, keys: list[BlockKey], owner: int, not_before: float) -> Transfer:
+        """Pin resident blocks and queue their copy to the GPU, starting no earlier than ``not_before``."""
+        for key in keys:
+            entry = self._entries[key]
+            assert entry.pending == RESIDENT, "a load reads resident blocks only"
+            entry.pins += 1
+            self._lru.pop(key, None)
+        transfer = Transfer(self._next_tid, Kind.LOAD, list(keys), owner)
+        self._next_tid += 1
+        transfer.deadline = self._h2d.submit(not_before, len(keys) * self.block_bytes)
+        self._transfers[transfer.tid] = transfer
+        heapq.heappush(self._due, (transfer.deadline, Kind.LOAD, transfer.tid))
+        return transfer
+
+    # ----- completion -----
+
+    def advance(self, now: float) -> list[Transfer]:
+        """Complete every submitted transfer due by ``now``; return them in completion order.
+
+        A completed store's blocks become resident and recent; a completed
+        load releases its pins (its blocks keep their host copy).
+        """
+        due, done = self._due, []
+        while due and due[0][0] <= now:
+            _, _, tid = heapq.heappop(due)
+            transfer = self._transfers.pop(tid)
+            done.append(transfer)
+            if transfer.kind is Kind.STORE:
+                for key in transfer.keys:
+                    entry = self._entries.get(key)
+                    if entry is not None and entry.pending == tid:
+                        entry.pending = RESIDENT
+                self._touch_cohort(transfer.keys)
+            else:
+                unpinned = []
+                for key in transfer.keys:
+                    entry = self._entries[key]
+                    entry.pins -= 1
+                    if not entry.pins:
+                        unpinned.append(key)
+                self._touch_cohort(unpinned)
+        return done
+
+    def check(self) -> None:
+        """Assert the tier's invariants (tests call this after every step)."""
+        entries = self._entries
+        assert len(entries) <= self.capacity, "host tier over capacity"
+        evictable = {k for k, e in entries.items() if e.pending == RESIDENT and not e.pins}
+        assert set(self._lru) == evictable, "host LRU is not the resident unpinned blocks"
+        for key, entry in entries.items():
+            assert entry.pins >= 0
+            if entry.pending != RESIDENT:
+                assert entry.pins == 0, f"pending host block {key} is pinned"
+                transfer = self._transfers.get(entry.pending)
+                assert transfer is not None and transfer.kind is Kind.STORE, (
+                    f"pending host block {key} has no store under way"
+                )
