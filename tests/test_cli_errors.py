@@ -16,7 +16,10 @@ GOOD_ROW: dict[str, Any] = {
     "output_length": 5,
     "hash_ids": [1],
 }
-SYNTHETIC = ["--input-tokens", "100", "--output-tokens", "5", "--request-count", "3"]
+SYNTHETIC = [
+    *("--input-tokens", "100", "--output-tokens", "5", "--request-count", "3"),
+    *("--arrival-interval-ms", "0"),
+]
 
 
 def _outputs(tmp_path: Path) -> tuple[Path, Path]:

@@ -36,7 +36,10 @@ from servesim.config import (
 )
 from servesim.simulation import RunConfig, SyntheticWorkload
 
-SYNTHETIC = ["--input-tokens", "100", "--output-tokens", "5", "--request-count", "3"]
+SYNTHETIC = [
+    *("--input-tokens", "100", "--output-tokens", "5", "--request-count", "3"),
+    *("--arrival-interval-ms", "0"),
+]
 
 
 def _exit(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

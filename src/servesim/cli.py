@@ -134,6 +134,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a number between 0 and 1, got {text}")
+    return value
+
+
 _EXAMPLES = """\
 examples:
   servesim replay examples/mooncake_conversation_200.jsonl --num-workers 4
@@ -232,6 +242,30 @@ def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
         type=_seed,
         help="seed of the synthetic Poisson arrivals alone (default: --seed)",
     )
+    w.add_argument(
+        "--turns-per-session",
+        metavar="N",
+        type=_positive_int,
+        help="synthetic sessions of N turns; --request-count counts sessions (default: 1)",
+    )
+    w.add_argument(
+        "--inter-turn-delay-ms",
+        metavar="MS",
+        type=_non_negative,
+        help="synthetic think time from a turn's completion to the next turn (default: 0)",
+    )
+    w.add_argument(
+        "--shared-prefix-ratio",
+        metavar="X",
+        type=_fraction,
+        help="synthetic: share of each prompt's blocks that is its session's group prefix (default: 0)",
+    )
+    w.add_argument(
+        "--num-prefix-groups",
+        metavar="N",
+        type=_seed,
+        help="synthetic: prefix groups the sessions are drawn into (default: 0, no sharing)",
+    )
     c = p.add_argument_group("cluster")
     c.add_argument(
         "--num-workers", metavar="N", type=_positive_int, help="aggregated workers (default: 1)"
@@ -321,6 +355,17 @@ def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--quiet", action="store_true", help="print no table")
 
 
+# Synthetic workload flags a trace replay refuses: (flag, argparse dest).
+_SYNTHETIC_ONLY = (
+    ("--request-rate", "request_rate"),
+    ("--arrival-interval-ms", "arrival_interval_ms"),
+    ("--turns-per-session", "turns_per_session"),
+    ("--inter-turn-delay-ms", "inter_turn_delay_ms"),
+    ("--shared-prefix-ratio", "shared_prefix_ratio"),
+    ("--num-prefix-groups", "num_prefix_groups"),
+)
+
+
 def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> RunConfig:
     """Turn parsed flags into a :class:`RunConfig`, rejecting conflicting workload flags."""
     synthetic_flags = [args.input_tokens, args.output_tokens, args.request_count]
@@ -331,8 +376,10 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             parser.error(
                 "give either a trace file or --input-tokens/--output-tokens/--request-count, not both"
             )
-        if args.arrival_interval_ms is not None or args.request_rate is not None:
-            parser.error("--request-rate and --arrival-interval-ms only apply to synthetic replay")
+        given = [flag for flag, dest in _SYNTHETIC_ONLY if getattr(args, dest) is not None]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            parser.error(f"{', '.join(given)} only {verb} to synthetic replay")
         if len(args.trace_files) != 1:
             parser.error(f"exactly one trace file is supported, got {len(args.trace_files)}")
         trace = args.trace_files[0]
@@ -348,12 +395,30 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             parser.error(
                 f"synthetic replay is missing {', '.join(missing)} (or give a trace file instead)"
             )
-        controllers = [args.replay_concurrency, args.arrival_interval_ms, args.request_rate]
-        if sum(v is not None for v in controllers) > 1:
-            parser.error(
-                "synthetic replay takes at most one of --replay-concurrency, --request-rate, "
-                "--arrival-interval-ms"
+        paces = [
+            flag
+            for flag, value in (
+                ("--replay-concurrency", args.replay_concurrency),
+                ("--request-rate", args.request_rate),
+                ("--arrival-interval-ms", args.arrival_interval_ms),
             )
+            if value is not None
+        ]
+        if len(paces) != 1:
+            parser.error(
+                "synthetic replay needs exactly one of --replay-concurrency, --request-rate and "
+                f"--arrival-interval-ms, got {' and '.join(paces) if paces else 'none'}"
+            )
+        sessions = {
+            dest: getattr(args, dest)
+            for dest in (
+                "turns_per_session",
+                "inter_turn_delay_ms",
+                "shared_prefix_ratio",
+                "num_prefix_groups",
+            )
+            if getattr(args, dest) is not None
+        }
         synthetic = SyntheticWorkload(
             input_tokens=args.input_tokens,
             output_tokens=args.output_tokens,
@@ -361,6 +426,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             arrival_interval_ms=args.arrival_interval_ms,
             request_rate=args.request_rate,
             arrival_seed=args.arrival_seed,
+            **sessions,
         )
     engines = _engines(args, parser)
     return RunConfig(

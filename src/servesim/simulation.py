@@ -33,10 +33,14 @@ from servesim.workload.synthetic import synthetic_sessions
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SyntheticWorkload:
-    """Fixed-length requests with unique prompts.
+    """Fixed-length requests with unique prompts, or sessions of turns with shared prefixes.
 
-    ``arrival_seed`` seeds the Poisson arrivals (``request_rate``); without
-    it, the run's seed does.
+    Exactly one of ``arrival_interval_ms``, ``request_rate`` and the run's
+    ``replay_concurrency`` sets the pace. ``arrival_seed`` seeds the Poisson
+    arrivals (``request_rate``); without it, the run's seed does. Any of
+    ``turns_per_session > 1``, ``inter_turn_delay_ms > 0``,
+    ``shared_prefix_ratio > 0`` or ``num_prefix_groups > 0`` makes
+    ``request_count`` sessions (see :mod:`servesim.workload.synthetic`).
     """
 
     input_tokens: int
@@ -45,6 +49,10 @@ class SyntheticWorkload:
     arrival_interval_ms: float | None = None
     request_rate: float | None = None
     arrival_seed: int | None = None
+    turns_per_session: int = 1
+    inter_turn_delay_ms: float = 0.0
+    shared_prefix_ratio: float = 0.0
+    num_prefix_groups: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,13 +114,33 @@ def _sessions(config: RunConfig) -> list[Session]:
         )
     syn = config.synthetic
     assert syn is not None
+    paces = [
+        flag
+        for flag, value in (
+            ("--replay-concurrency", config.replay_concurrency),
+            ("--request-rate", syn.request_rate),
+            ("--arrival-interval-ms", syn.arrival_interval_ms),
+        )
+        if value is not None
+    ]
+    if len(paces) != 1:
+        raise ConfigError(
+            "synthetic replay needs exactly one of --replay-concurrency, --request-rate and "
+            f"--arrival-interval-ms, got {' and '.join(paces) if paces else 'none'}"
+        )
     return synthetic_sessions(
         input_tokens=syn.input_tokens,
         output_tokens=syn.output_tokens,
         request_count=syn.request_count,
+        # The reference refuses prefill and decode pools with different block sizes (so does _validate).
+        block_size=(config.prefill_engine or config.engine).block_size,
         arrival_interval_ms=syn.arrival_interval_ms,
         request_rate=syn.request_rate,
         seed=config.seed if syn.arrival_seed is None else syn.arrival_seed,
+        turns_per_session=syn.turns_per_session,
+        inter_turn_delay_ms=syn.inter_turn_delay_ms,
+        shared_prefix_ratio=syn.shared_prefix_ratio,
+        num_prefix_groups=syn.num_prefix_groups,
     )
 
 
@@ -340,6 +368,7 @@ def _flow(
 
 def count_requests(config: RunConfig) -> int | None:
     """How many requests the workload holds, when known cheaply (for progress bars)."""
-    if config.synthetic is not None:
-        return config.synthetic.request_count
+    syn = config.synthetic
+    if syn is not None:
+        return syn.request_count * syn.turns_per_session
     return None

@@ -139,6 +139,21 @@ def write_trace(spec: Json, workdir: Path) -> Path:
     return trace
 
 
+# A scenario's synthetic keys and servesim's flags for them (each passed only when set).
+_SYNTHETIC_FLAGS = {
+    "input_tokens": "--input-tokens",
+    "output_tokens": "--output-tokens",
+    "request_count": "--request-count",
+    "arrival_interval_ms": "--arrival-interval-ms",
+    "request_rate": "--request-rate",
+    "arrival_seed": "--arrival-seed",
+    "turns_per_session": "--turns-per-session",
+    "shared_prefix_ratio": "--shared-prefix-ratio",
+    "num_prefix_groups": "--num-prefix-groups",
+    "inter_turn_delay_ms": "--inter-turn-delay-ms",
+}
+
+
 def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
     """servesim's command line for a scenario, as ``refcheck.py argv`` builds it.
 
@@ -157,6 +172,9 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
     unknown = sorted(set(sc.spec) - known)
     if unknown:
         raise ValueError(f"{sc.name}: scenario keys the test harness does not handle: {unknown}")
+    unknown = sorted(set(sc.spec.get("synthetic", {})) - set(_SYNTHETIC_FLAGS))
+    if unknown:
+        raise ValueError(f"{sc.name}: synthetic keys the test harness does not handle: {unknown}")
     spec = with_absolute_paths(sc.spec)
     argv = ["replay"]
     if "trace" in spec:
@@ -166,17 +184,9 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
             argv += ["--arrival-speedup-ratio", str(spec["arrival_speedup_ratio"])]
     else:
         syn = spec["synthetic"]
-        argv += [
-            "--input-tokens", str(syn["input_tokens"]),
-            "--output-tokens", str(syn["output_tokens"]),
-            "--request-count", str(syn["request_count"]),
-        ]  # fmt: skip
-        if syn.get("arrival_interval_ms") is not None:
-            argv += ["--arrival-interval-ms", str(syn["arrival_interval_ms"])]
-        if syn.get("request_rate") is not None:
-            argv += ["--request-rate", str(syn["request_rate"])]
-        if syn.get("arrival_seed") is not None:
-            argv += ["--arrival-seed", str(syn["arrival_seed"])]
+        for key, flag in _SYNTHETIC_FLAGS.items():
+            if syn.get(key) is not None:
+                argv += [flag, str(syn[key])]
     if spec.get("replay_concurrency") is not None:
         argv += ["--replay-concurrency", str(spec["replay_concurrency"])]
     argv += ["--router-mode", spec.get("router_mode", "round_robin")]
@@ -211,14 +221,22 @@ def reduce_records(records: Sequence[Mapping[str, Any]]) -> list[Row]:
     """Records as rows of :data:`RECORD_FIELDS`, in arrival order.
 
     Both simulators are sorted the same way: by arrival time, then input
-    and output length, then uuid. servesim numbers requests in arrival
-    order; the reference gives trace requests random uuids, so the lengths
-    break ties between trace requests that arrive together (no two requests
-    in the shipped trace slices share arrival time and both lengths), and
-    the uuid only orders synthetic requests, which both simulators number
-    ``00000000-0000-0000-0000-<index>``.
+    and output length, then session id and turn, then uuid. servesim numbers
+    requests in arrival order; the reference gives trace requests and
+    synthetic session turns random uuids, so the lengths break ties between
+    trace requests that arrive together (no two requests in the shipped trace
+    slices share arrival time and both lengths), the session and turn break
+    ties between synthetic turns (two sessions' turns can be ready at the
+    same instant), and the uuid only orders one-shot synthetic requests,
+    which both simulators number ``00000000-0000-0000-0000-<index>``.
     """
-    ordered = sorted(records, key=lambda r: (*(r[f] for f in IDENTITY_FIELDS), r["uuid"]))
+
+    def key(r: Mapping[str, Any]) -> tuple[Any, ...]:
+        turn = r.get("turn_index")
+        session = (r.get("session_id") or "", -1 if turn is None else turn)
+        return (*(r[f] for f in IDENTITY_FIELDS), *session, r["uuid"])
+
+    ordered = sorted(records, key=key)
     return [[_round(r.get(f)) for f in RECORD_FIELDS] for r in ordered]
 
 

@@ -67,10 +67,13 @@ def run_reference(
 
 
 def check_identities(sc: Scenario, records: list[Json]) -> None:
-    """Refuse records whose arrival order would depend on the reference's random uuids."""
+    """Refuse records whose arrival order would depend on the reference's random uuids.
+
+    Session and turn tell apart turns that arrive together (see ``reduce_records``).
+    """
     seen: dict[tuple[Any, ...], str] = {}
     for rec in records:
-        ident = tuple(rec[f] for f in IDENTITY_FIELDS)
+        ident = (*(rec[f] for f in IDENTITY_FIELDS), rec.get("session_id"), rec.get("turn_index"))
         if ident in seen and not (
             rec["uuid"].startswith("00000000-") and seen[ident].startswith("00000000-")
         ):

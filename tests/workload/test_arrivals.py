@@ -58,7 +58,12 @@ def arrivals(*, rate: float, count: int, seed: int | None) -> list[float]:
 
 def poisson_starts(rate: float, count: int, seed: int) -> list[float]:
     sessions = synthetic_sessions(
-        input_tokens=16, output_tokens=1, request_count=count, request_rate=rate, seed=seed
+        input_tokens=16,
+        output_tokens=1,
+        request_count=count,
+        block_size=16,
+        request_rate=rate,
+        seed=seed,
     )
     starts = [s.start_ms for s in sessions]
     assert all(start is not None for start in starts)
@@ -113,7 +118,7 @@ def test_poisson_gaps_have_mean_one_over_the_rate(rate: float) -> None:
 
 def test_fixed_interval_arrivals_are_exact_multiples() -> None:
     sessions = synthetic_sessions(
-        input_tokens=16, output_tokens=1, request_count=5, arrival_interval_ms=12.5
+        input_tokens=16, output_tokens=1, request_count=5, block_size=16, arrival_interval_ms=12.5
     )
     assert [s.start_ms for s in sessions] == [0.0, 12.5, 25.0, 37.5, 50.0]
 

@@ -41,9 +41,10 @@ class AdmissionQueue:
             )
         self._sessions = sessions
         self._concurrency = concurrency
-        self._delay_scale = 1.0 if concurrency is not None else 1.0 / speedup
-        self._heap: list[tuple[float, int, int, int]] = []  # (ready, seq, session, turn)
-        self._seq = 0
+        self._delay_speedup = 1.0 if concurrency is not None else speedup
+        # (ready, session, turn): turns ready at the same instant go out in session order,
+        # as the reference's ready-session heap orders them (not in completion order).
+        self._heap: list[tuple[float, int, int]] = []
         self._inactive: deque[int] = deque()
         self._active = 0
         self._remaining_sessions = len(sessions)
@@ -74,7 +75,7 @@ class AdmissionQueue:
         out = []
         heap = self._heap
         while heap and heap[0][0] <= now:
-            _, _, session, turn = heapq.heappop(heap)
+            _, session, turn = heapq.heappop(heap)
             out.append(Released(self._sessions[session].turns[turn], session, now))
         return out
 
@@ -83,7 +84,7 @@ class AdmissionQueue:
         turns = self._sessions[released.session].turns
         k = released.spec.turn_index or 0
         if k + 1 < len(turns):
-            self._push(now + turns[k + 1].delay_ms * self._delay_scale, released.session, k + 1)
+            self._push(now + turns[k + 1].delay_ms / self._delay_speedup, released.session, k + 1)
             return
         self._remaining_sessions -= 1
         if self._concurrency is not None:
@@ -94,5 +95,4 @@ class AdmissionQueue:
         return self._remaining_sessions == 0
 
     def _push(self, ready: float, session: int, turn: int) -> None:
-        heapq.heappush(self._heap, (ready, self._seq, session, turn))
-        self._seq += 1
+        heapq.heappush(self._heap, (ready, session, turn))

@@ -1,4 +1,5 @@
-"""The reference's seeded generator, so that seeded streams (Poisson arrivals) are its streams.
+"""The reference's seeded generator, so that seeded streams (Poisson arrivals, synthetic
+prefix groups, speculative bursts) are its streams.
 
 Rust's ``StdRng::seed_from_u64`` (the ``rand`` crate): the 64-bit seed is
 expanded into a 32-byte key by a PCG32 generator, and the stream is the
@@ -77,37 +78,74 @@ def uniform_floats(seed: int, count: int) -> np.ndarray:
 
 
 class StdRng:
-    """Rust's ``StdRng::seed_from_u64(seed)`` as a stream of u64 draws (``next_u64``).
+    """Rust's ``StdRng::seed_from_u64(seed)`` as a stream of draws.
 
-    Keystream blocks are made 64 at a time. ``random_bool`` is the ``rand``
-    crate's: a Bernoulli(p) draw compares one u64 with ``p x 2^64``
-    (truncated), except that p = 1 draws nothing.
+    The stream is the keystream's 32-bit words in order: ``next_u32`` takes
+    one word, ``next_u64`` two (low first), as ``rand_core``'s block reader
+    does. Keystream blocks are made 64 at a time. ``random_bool`` and
+    ``random_range`` are the ``rand`` 0.9 crate's.
     """
 
-    __slots__ = ("_block", "_buffer", "_key", "_next")
+    __slots__ = ("_block", "_key", "_next", "_words")
 
     _BLOCKS = 64
 
     def __init__(self, seed: int) -> None:
         self._key = _pcg32_key(seed)
         self._block = 0
-        self._buffer: list[int] = []
+        self._words: list[int] = []
         self._next = 0
 
-    def next_u64(self) -> int:
-        """The next u64 of the stream."""
-        if self._next == len(self._buffer):
-            words = _chacha12_blocks(self._key, self._block, self._BLOCKS)
-            self._block += self._BLOCKS
-            words = words.reshape(-1).astype(np.uint64)
-            self._buffer = (words[0::2] | (words[1::2] << np.uint64(32))).tolist()
-            self._next = 0
-        value = self._buffer[self._next]
+    def _refill(self) -> None:
+        """Append the next keystream blocks' words, dropping the words already taken."""
+        words = _chacha12_blocks(self._key, self._block, self._BLOCKS).reshape(-1).tolist()
+        self._block += self._BLOCKS
+        self._words = self._words[self._next :] + words
+        self._next = 0
+
+    def next_u32(self) -> int:
+        """The next 32-bit word of the stream."""
+        if self._next == len(self._words):
+            self._refill()
+        value: int = self._words[self._next]
         self._next += 1
         return value
 
+    def next_u64(self) -> int:
+        """The next u64 of the stream: two words, low first."""
+        if self._next + 2 > len(self._words):
+            self._refill()
+        i = self._next
+        self._next = i + 2
+        words = self._words
+        value: int = words[i] | words[i + 1] << 32
+        return value
+
     def random_bool(self, p: float) -> bool:
-        """True with probability ``p`` (in [0, 1])."""
+        """True with probability ``p`` (in [0, 1]).
+
+        A Bernoulli(p) draw compares one u64 with ``p x 2^64`` (truncated),
+        except that p = 1 draws nothing.
+        """
         if p == 1.0:
             return True
         return self.next_u64() < int(p * 18446744073709551616.0)
+
+    def random_range(self, n: int) -> int:
+        """A uniform integer in ``[0, n)``, for ``1 <= n <= 2^32``: ``rng.random_range(0..n)``.
+
+        ``rand`` 0.9 samples a ``usize`` range that fits in 32 bits as a u32
+        with Canon's method: the high word of one word times ``n``, plus a
+        carry from a second word in the rare case (probability about
+        ``n / 2^32``) that the low word is too close to overflowing.
+        """
+        if not 1 <= n <= 1 << 32:
+            raise ValueError(f"random_range needs 1 <= n <= 2^32, got {n}")
+        if n == 1 << 32:  # the range wraps to 0 in u32: any word
+            return self.next_u32()
+        product = self.next_u32() * n
+        result, low = product >> 32, product & 0xFFFFFFFF
+        if low > (-n) & 0xFFFFFFFF:
+            carry = (self.next_u32() * n) >> 32
+            result += int(low + carry > 0xFFFFFFFF)
+        return result

@@ -11,8 +11,9 @@ the one request that can match them). The replay is unchanged; the hashing
 and index work for blocks nobody can hit is skipped.
 
 Trace prompts share blocks through their hash ids: engine block j (of size
-``bs``) depends on the first ``ceil((j + 1) bs / tbs)`` ids. Synthetic prompts
-share nothing.
+``bs``) depends on the first ``ceil((j + 1) bs / tbs)`` ids; synthetic sessions'
+prompts are trace prompts too (one id per engine block). One-shot synthetic
+prompts share nothing.
 """
 
 from __future__ import annotations
