@@ -671,6 +671,11 @@ def _check_offload(values: dict[str, Any], source: str) -> None:
         )
     if not values.get("enable_prefix_caching", True):
         raise ConfigError(f"{source}: native_host_offload requires enable_prefix_caching=true")
+    if values["worker_type"] is not Role.AGGREGATED:
+        raise ConfigError(
+            f"{source}: native_host_offload is simulated on aggregated workers only "
+            "(servesim does not model host tiers on prefill or decode workers yet)"
+        )
     if values.get("aic_nextn") is not None:
         raise ConfigError(
             f"{source}: native_host_offload cannot be combined with aic_nextn "

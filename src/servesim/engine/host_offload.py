@@ -22,6 +22,12 @@ adapter at three points of a pass, as the reference's vLLM core asks its
 
 Transfers complete at pass boundaries, or at their own deadline while the
 rank is idle (the worker's engine-owned deadlines).
+
+**Disk tier** (optional, :mod:`servesim.engine.kv.disk_tier`): a completed
+store is written on to disk, its host blocks pinned until the write ends; a
+lookup first walks the run after the GPU hit and, for blocks the host lacks
+but the disk has, reserves host entries and reads them in as one job (the
+request is deferred until then, and then loads them from host as above).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from servesim.config import HostOffloadConfig
+from servesim.engine.kv.disk_tier import Direction, DiskTier, Probe
 from servesim.engine.kv.host_tier import BlockKey, HostTier, Kind, Residency
 from servesim.engine.request import EngineRequest
 
@@ -71,9 +78,20 @@ class Lookup(Enum):
 class HostOffload:
     """One rank's host tier, the per-request offload state, and the GPU blocks being copied."""
 
-    def __init__(self, config: HostOffloadConfig, block_size: int, bytes_per_token: int) -> None:
+    def __init__(
+        self,
+        config: HostOffloadConfig,
+        block_size: int,
+        bytes_per_token: int,
+    ) -> None:
         self.block_size = block_size
         self.tier = HostTier(config, block_size * bytes_per_token)
+        self.disk: DiskTier | None = None
+        self._worker = 0
+        self._reads: dict[int, list[int]] = {}  # disk read job -> host reservations it fills
+        self._tried_at = 0.0
+        self._tried: set[tuple[int, BlockKey]] = set()  # (request, block) read at _tried_at
+        self._seen_epoch = 0
         self._states: dict[int, _RequestState] = {}
         self._loading_keys: dict[BlockKey, int] = {}  # key -> load transfer id
         self._loads: dict[int, EngineRequest] = {}  # load transfer id -> its request
@@ -82,6 +100,11 @@ class HostOffload:
         self._store_blocks: dict[int, list[int]] = {}
         self.fence = 0.0
         """No pass computes before this: it reuses GPU blocks whose copy ends then."""
+
+    def attach_disk(self, disk: DiskTier, worker: int) -> None:
+        """Put the deployment's disk tier under this host tier; ``worker`` names its pool."""
+        self.disk = disk
+        self._worker = worker
 
     # ----- per request -----
 
@@ -110,7 +133,7 @@ class HostOffload:
     # ----- the waiting loop -----
 
     def lookup(
-        self, request: EngineRequest, g1_blocks: int
+        self, request: EngineRequest, g1_blocks: int, now: float
     ) -> tuple[Lookup, list[BlockKey]]:
         """The host run after the request's ``g1_blocks`` cached GPU blocks.
 
@@ -126,7 +149,13 @@ class HostOffload:
             state.latest_store = None
         keys = state.prompt_keys
         outcome: tuple[Lookup, list[BlockKey]] = (Lookup.MISS, [])
-        if g1_blocks < len(keys):
+        if (
+            g1_blocks < len(keys)
+            and self.disk is not None
+            and self._stage(request, keys[g1_blocks:], now)
+        ):
+            outcome = (Lookup.DEFERRED, [])
+        elif g1_blocks < len(keys):
             matched, deferred = 0, False
             for key in keys[g1_blocks:]:
                 found = tier.lookup(key)
@@ -141,6 +170,56 @@ class HostOffload:
         for key in reversed(keys):
             tier.touch(key)
         return outcome
+
+    def _stage(self, request: EngineRequest, keys: list[BlockKey], now: float) -> bool:
+        """Read into host the blocks of ``keys`` it lacks but the disk has, up to the first
+        block neither has; return whether the request must wait for a transfer."""
+        disk, tier, worker = self.disk, self.tier, self._worker
+        assert disk is not None
+        if now > self._tried_at:
+            self._tried_at = now
+            self._tried.clear()
+        missing: list[BlockKey] = []
+        reservations: list[int] = []
+        deferred = False
+        for key in keys:
+            found = tier.lookup(key)
+            if found is Residency.HIT:
+                continue
+            if found is Residency.PENDING:
+                deferred = True
+                continue
+            probe = disk.probe(worker, key)
+            if probe is Probe.PENDING:
+                deferred = True
+                continue
+            if probe is Probe.MISS:
+                break
+            if (request.uid, key) in self._tried:
+                # Read in already at this instant and evicted since: go on only if the
+                # whole recoverable prefix can fit now.
+                prefix = []
+                for k in keys:
+                    if tier.lookup(k) is Residency.MISS and not disk.contains(worker, k):
+                        break
+                    prefix.append(k)
+                if not tier.can_reserve_prefix(prefix):
+                    break
+            reservation = tier.reserve_external(key, request.uid)
+            if reservation is None:
+                break
+            missing.append(key)
+            reservations.append(reservation.tid)
+        if not missing:
+            return deferred
+        job = disk.submit(worker, Direction.READ, missing, now)
+        if job is None:
+            for tid in reservations:
+                tier.cancel_external(tid)
+            return deferred
+        self._tried.update((request.uid, key) for key in missing)
+        self._reads[job.jid] = reservations
+        return True
 
     def loading_any(self, keys: list[BlockKey]) -> bool:
         """Whether another request's load is copying one of these blocks."""
@@ -241,11 +320,27 @@ class HostOffload:
         """
         done = self.tier.advance(now)
         loaded: list[EngineRequest] = []
+        disk = self.disk
         for transfer in done:
             if transfer.kind is Kind.STORE:
                 for block in self._store_blocks.pop(transfer.tid):
                     if self._copying.get(block) == transfer.tid:
                         del self._copying[block]
+                if disk is not None:
+                    job = disk.submit(self._worker, Direction.WRITE, transfer.keys, now)
+                    if job is not None:
+                        self.tier.pin_external(job.keys)
+        progressed = bool(done)
+        if disk is not None:
+            finished = disk.take_completed(self._worker, now)
+            progressed |= bool(finished) or disk.completion_epoch != self._seen_epoch
+            self._seen_epoch = disk.completion_epoch
+            for job in finished:
+                if job.direction is Direction.WRITE:
+                    self.tier.unpin_external(job.keys)
+                else:
+                    for tid in self._reads.pop(job.jid):
+                        self.tier.complete_external(tid)
         for transfer in done:
             if transfer.kind is Kind.LOAD:
                 for key in transfer.keys:
@@ -255,7 +350,7 @@ class HostOffload:
                 assert load is not None and load.tid == transfer.tid
                 load.activated = True
                 loaded.append(request)
-        return loaded, bool(done)
+        return loaded, progressed
 
     def boundary(self, now: float) -> tuple[list[EngineRequest], bool]:
         """A pass ended at ``now``: complete what is due, submit its stores, settle instant ones."""
@@ -266,7 +361,13 @@ class HostOffload:
 
     def next_deadline(self) -> float:
         """When the next transfer completes (``math.inf`` if none is under way)."""
-        return self.tier.next_deadline()
+        at = self.tier.next_deadline()
+        disk = self.disk
+        if disk is not None:
+            if disk.completion_epoch != self._seen_epoch:
+                return disk.now  # another worker's transfer completed: look again
+            at = min(at, disk.next_deadline(self._worker))
+        return at
 
     def check(self) -> None:
         """Assert the tier's invariants and that every copy source is a live store's."""

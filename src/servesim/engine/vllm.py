@@ -49,6 +49,7 @@ import numpy as np
 from servesim.config import Backend, EngineConfig, Role
 from servesim.engine.host_offload import HostOffload, Lookup
 from servesim.engine.kv.block_pool import BlockPool, KvEvent
+from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.kv.hashing import chain, generated_block_hash
 from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
@@ -148,6 +149,11 @@ class VllmScheduler:
         self._result = PassResult(end_ms=0.0)
 
     # ----- public API -----
+
+    def attach_disk(self, disk: DiskTier, worker: int) -> None:
+        """Put a disk tier under this rank's host tier (``worker``: its pool in the tier)."""
+        assert self._offload is not None, "a disk tier needs a host tier"
+        self._offload.attach_disk(disk, worker)
 
     def submit(self, request: EngineRequest) -> None:
         """Queue a new request at the back of waiting.
@@ -598,22 +604,27 @@ class VllmScheduler:
         reserved = sum(self._prefill_reservation(r) for r in running)
         reserved += sum(offload.unreserved_tail(r) for r in (*self.waiting, *self._connector))
         while not result.preempted and len(running) < self._max_seqs and self._budget > 0:
-            request = next((r for r in self._connector if r not in self._asleep), None)
+            awake = [r for r in self._connector if r not in self._asleep]
+            request = awake[0] if awake else None
+            if awake and offload.disk is not None:
+                # With a disk tier, a waiter already holding GPU blocks for its load goes first.
+                request = next((r for r in awake if offload.reserved_blocks(r)), request)
             if request is None:
                 if not self.waiting:
                     return
                 request = self.waiting[0]
             before = self._prefill_reservation(request)
-            if self.never_fits(request):
-                self._dequeue(request)
-                request.status = Status.FINISHED
-                offload.forget(request)
-                result.rejected.append(request)
-                continue
+            # A prompt too long for the model is rejected before the lookup; one too
+            # big for the KV cache after it (its lookup touches host recency), as the
+            # reference orders its checks.
+            max_len = self.config.max_model_len
+            too_long = max_len is not None and request.prompt_len >= max_len
             load = offload.load_of(request)
             length = request.length
             keys: list[int] = []
-            if load is not None and load.activated:
+            if too_long:
+                verdict, g1 = Lookup.MISS, 0
+            elif load is not None and load.activated:
                 # Admission reuses exactly the prefix the load left it holding.
                 g1 = active = raw = min(load.prefix_blocks, (length - 1) // bs)
                 verdict = Lookup.MISS
@@ -621,11 +632,17 @@ class VllmScheduler:
                 full = min(length // bs, request.named_blocks)
                 self._ensure_hashes(request, full)
                 raw, _ = self.pool.match_prefix(request.hashes, full)
-                verdict, keys = offload.lookup(request, raw)
+                verdict, keys = offload.lookup(request, raw, now)
                 if verdict is Lookup.DEFERRED:
                     self._sleep(request)
                     continue
                 g1, active = self.pool.match_prefix(request.hashes, min(full, (length - 1) // bs))
+            if too_long or self.never_fits(request):
+                self._dequeue(request)
+                request.status = Status.FINISHED
+                offload.forget(request)
+                result.rejected.append(request)
+                continue
             needed = -(-length // bs) - max(active, offload.reserved_blocks(request))
             available = self.config.num_gpu_blocks - self.pool.num_active
             if verdict is Lookup.HIT:
@@ -696,7 +713,9 @@ class VllmScheduler:
             load = self._offload.load_of(request) if self._offload is not None else None
             assert load is not None
             if self._caching:
-                self.pool.cache(request.blocks, request.hashes, load.base_blocks, load.prefix_blocks)
+                self.pool.cache(
+                    request.blocks, request.hashes, load.base_blocks, load.prefix_blocks
+                )
         if progressed:
             self._asleep.clear()
 

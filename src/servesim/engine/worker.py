@@ -25,6 +25,7 @@ import numpy as np
 
 from servesim.config import Backend, EngineConfig
 from servesim.engine.kv.block_pool import KvEvent
+from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.request import EngineRequest
 from servesim.engine.roles import DestinationRole, SourceRole
 from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankScheduler
@@ -111,6 +112,7 @@ class Worker:
         *,
         kv_events: bool = False,
         fast_forward: bool = True,
+        disk: DiskTier | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.config = config
@@ -128,6 +130,10 @@ class Worker:
             )
             for rank in range(config.dp_size)
         ]
+        if disk is not None:
+            for rank in self.ranks:
+                assert isinstance(rank, VllmScheduler), "a disk tier sits under a vLLM host tier"
+                rank.attach_disk(disk, worker_id)
         self.busy_until: float | None = None
         # Set when a pass could do nothing; cleared when a request is submitted.
         self.stalled = False

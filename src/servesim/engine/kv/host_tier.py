@@ -49,6 +49,7 @@ class Kind(IntEnum):
 
     STORE = 0
     LOAD = 1
+    EXTERNAL = 2  # a block a disk tier is reading into this host tier
 
 
 @dataclass(slots=True)
@@ -156,20 +157,8 @@ class HostTier:
         """
         entries = self._entries
         missing = list(dict.fromkeys(k for k in keys if k not in entries))
-        need = len(missing) - (self.capacity - len(entries))
-        if need > 0:
-            protected = set(keys)
-            victims = []
-            for key in self._lru:
-                if key not in protected:
-                    victims.append(key)
-                    if len(victims) == need:
-                        break
-            if len(victims) < need:
-                return None
-            for key in victims:
-                del self._lru[key]
-                del entries[key]
+        if not self._make_room(len(missing), set(keys)):
+            return None
         transfer = Transfer(self._next_tid, Kind.STORE, missing, owner)
         self._next_tid += 1
         for key in missing:
@@ -184,6 +173,72 @@ class HostTier:
             transfer.deadline = self._d2h.submit(now, len(transfer.keys) * self.block_bytes)
             heapq.heappush(self._due, (transfer.deadline, Kind.STORE, transfer.tid))
         self._prepared.clear()
+
+    # ----- the disk tier's side (servesim.engine.kv.disk_tier) -----
+
+    def reserve_external(self, key: BlockKey, owner: int) -> Transfer | None:
+        """Reserve a pending entry for a block a disk read will bring (None: no room)."""
+        if not self._make_room(1, {key}):
+            return None
+        transfer = Transfer(self._next_tid, Kind.EXTERNAL, [key], owner)
+        self._next_tid += 1
+        self._entries[key] = _Entry(transfer.tid)
+        self._transfers[transfer.tid] = transfer
+        return transfer
+
+    def can_reserve_prefix(self, keys: list[BlockKey]) -> bool:
+        """Whether every block of ``keys`` missing here could be reserved at once (no side effect)."""
+        wanted = set(keys)
+        missing = sum(1 for key in wanted if key not in self._entries)
+        evictable = sum(1 for key in self._lru if key not in wanted)
+        return missing <= self.capacity - len(self._entries) + evictable
+
+    def complete_external(self, tid: int) -> None:
+        """A disk read landed: its reserved block is resident and most recent."""
+        transfer = self._transfers.pop(tid)
+        for key in transfer.keys:
+            self._entries[key].pending = RESIDENT
+        self._touch_cohort(transfer.keys)
+
+    def cancel_external(self, tid: int) -> None:
+        """Drop a reservation whose disk read could not be submitted."""
+        transfer = self._transfers.pop(tid)
+        for key in transfer.keys:
+            del self._entries[key]
+
+    def pin_external(self, keys: list[BlockKey]) -> None:
+        """A disk write reads these resident blocks: they may not be evicted until it ends."""
+        for key in keys:
+            self._entries[key].pins += 1
+            self._lru.pop(key, None)
+
+    def unpin_external(self, keys: list[BlockKey]) -> None:
+        """The disk write of these blocks ended."""
+        unpinned = []
+        for key in keys:
+            entry = self._entries[key]
+            entry.pins -= 1
+            if not entry.pins:
+                unpinned.append(key)
+        self._touch_cohort(unpinned)
+
+    def _make_room(self, count: int, protected: set[BlockKey]) -> bool:
+        """Evict least recent blocks (never ``protected``) until ``count`` more fit."""
+        need = count - (self.capacity - len(self._entries))
+        if need <= 0:
+            return True
+        victims = []
+        for key in self._lru:
+            if key not in protected:
+                victims.append(key)
+                if len(victims) == need:
+                    break
+        if len(victims) < need:
+            return False
+        for key in victims:
+            del self._lru[key]
+            del self._entries[key]
+        return True
 
     # ----- loads -----
 
@@ -241,6 +296,6 @@ class HostTier:
             if entry.pending != RESIDENT:
                 assert entry.pins == 0, f"pending host block {key} is pinned"
                 transfer = self._transfers.get(entry.pending)
-                assert transfer is not None and transfer.kind is Kind.STORE, (
-                    f"pending host block {key} has no store under way"
+                assert transfer is not None and transfer.kind is not Kind.LOAD, (
+                    f"pending host block {key} has no store or disk read under way"
                 )

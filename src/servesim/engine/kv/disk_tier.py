@@ -1,0 +1,297 @@
+"""A disk (G3) KV tier under the workers' host tiers, as Dynamo 1.6.1 models it.
+
+One store per deployment: with scope ``worker_local`` each worker has its own
+pool of ``num_g3_blocks``; with ``cluster_shared`` every worker reads and
+writes one pool. Blocks are keyed by sequence hash; an entry is *pending*
+while it is being written, and *pinned* while reads copy it to a host tier.
+
+**Transfers** (jobs) move whole blocks: a write when a host store completes
+(the blocks not on disk yet, after evicting the least recently touched
+unpinned entries; skipped when that cannot make room), a read when a host
+lookup finds blocks on disk that its host tier lacks. A job's bytes start
+moving ``latency_to_first_byte_ms`` after it is submitted; jobs moving bytes
+share bandwidth equally, per direction, per worker (and, for a shared pool,
+across workers: the smaller share wins). A completed job is handed to the
+worker that submitted it when that worker next looks.
+
+Every probe, submission and completion advances an ordinal that orders
+recency (``touched``); statistics mirror the reference's ``g3_offload``
+summary object.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from servesim.config import DiskOffloadConfig
+
+
+class Direction(IntEnum):
+    """A job's direction (reads and writes have separate bandwidth)."""
+
+    READ = 0
+    WRITE = 1
+
+
+class Probe(IntEnum):
+    """What a probe finds for one block."""
+
+    MISS = 0
+    PENDING = 1
+    RESIDENT = 2
+
+
+@dataclass(slots=True)
+class _Entry:
+    pending: bool
+    writer: int
+    pins: int = 0
+    touched: int = 0
+
+
+@dataclass(slots=True)
+class Job:
+    """One disk transfer of whole blocks."""
+
+    jid: int
+    worker: int
+    direction: Direction
+    keys: list[int]
+    submitted: float
+    ready: float
+    remaining: float
+
+
+@dataclass(slots=True)
+class _IoStats:
+    submitted_jobs: int = 0
+    completed_jobs: int = 0
+    cancelled_jobs: int = 0
+    completed_bytes: int = 0
+    transfer_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cancelled_jobs": self.cancelled_jobs,
+            "completed_bytes": self.completed_bytes,
+            "completed_jobs": self.completed_jobs,
+            "submitted_jobs": self.submitted_jobs,
+            "transfer_ms": self.transfer_ms,
+        }
+
+
+@dataclass(slots=True)
+class _Stats:
+    lookup_probes: int = 0
+    lookup_hits: int = 0
+    lookup_pending: int = 0
+    evictions: int = 0
+    cross_worker_read_blocks: int = 0
+    io: tuple[_IoStats, _IoStats] = field(default_factory=lambda: (_IoStats(), _IoStats()))
+
+
+class DiskTier:
+    """The deployment's disk pools, jobs under way and completions not yet taken."""
+
+    def __init__(self, config: DiskOffloadConfig, block_bytes: int) -> None:
+        self.config = config
+        self.block_bytes = block_bytes
+        self._shared = config.scope == "cluster_shared"
+        self._entries: dict[tuple[int, int], _Entry] = {}  # (pool, key)
+        self._jobs: list[Job] = []  # in submission order
+        self._completed: dict[int, list[tuple[Job, float]]] = {}
+        self.now = 0.0
+        self._ordinal = 0
+        self.completion_epoch = 0
+        """Completions so far, on any worker (a waiter on another worker's write retries)."""
+        self._stats = _Stats()
+        bandwidths = (
+            (config.read_bandwidth_gbps, config.shared_read_bandwidth_gbps),
+            (config.write_bandwidth_gbps, config.shared_write_bandwidth_gbps),
+        )
+        self._bandwidths = tuple((w * 1e6, s * 1e6) for w, s in bandwidths)
+
+    # ----- lookups -----
+
+    def _pool(self, worker: int) -> int:
+        return 0 if self._shared else worker
+
+    def contains(self, worker: int, key: int) -> bool:
+        """Whether the worker's pool has the block (pending or not); no side effect."""
+        return (self._pool(worker), key) in self._entries
+
+    def probe(self, worker: int, key: int) -> Probe:
+        """Look a block up for a host lookup (touches it when resident)."""
+        self._stats.lookup_probes += 1
+        self._ordinal += 1
+        entry = self._entries.get((self._pool(worker), key))
+        if entry is None:
+            return Probe.MISS
+        if entry.pending:
+            self._stats.lookup_pending += 1
+            return Probe.PENDING
+        entry.touched = self._ordinal
+        self._stats.lookup_hits += 1
+        return Probe.RESIDENT
+
+    # ----- jobs -----
+
+    def submit(self, worker: int, direction: Direction, keys: list[int], now: float) -> Job | None:
+        """Start a read of resident blocks, or a write of the blocks not on disk yet.
+
+        Returns None when there is nothing to write, a write cannot make room,
+        or a read finds a block missing or pending.
+        """
+        self.advance(max(now, self.now))
+        pool, entries = self._pool(worker), self._entries
+        if direction is Direction.WRITE:
+            keys = [k for k in keys if (pool, k) not in entries]
+            if not keys:
+                return None
+            used = sum(1 for p, _ in entries if p == pool)
+            needed = max(0, used + len(keys) - self.config.num_g3_blocks)
+            if needed:
+                victims = sorted(
+                    (e.touched, k)
+                    for (p, k), e in entries.items()
+                    if p == pool and not e.pending and not e.pins
+                )
+                if len(victims) < needed:
+                    return None
+                for _, key in victims[:needed]:
+                    del entries[pool, key]
+                self._stats.evictions += needed
+            for key in keys:
+                entries[pool, key] = _Entry(pending=True, writer=worker)
+        else:
+            if not keys or any((e := entries.get((pool, k))) is None or e.pending for k in keys):
+                return None
+            for key in keys:
+                entries[pool, key].pins += 1
+        self._ordinal += 1
+        self._stats.io[direction].submitted_jobs += 1
+        job = Job(
+            self._ordinal,
+            worker,
+            direction,
+            keys,
+            self.now,
+            self.now + self.config.latency_to_first_byte_ms,
+            float(len(keys) * self.block_bytes),
+        )
+        self._jobs.append(job)
+        return job
+
+    def _rates(self) -> list[float]:
+        """Each job's current rate in bytes/ms (0 while it waits for its first byte)."""
+        now, jobs = self.now, self._jobs
+        total = [0, 0]
+        local: dict[tuple[int, int], int] = {}
+        for job in jobs:
+            if job.ready <= now:
+                total[job.direction] += 1
+                key = (job.worker, job.direction)
+                local[key] = local.get(key, 0) + 1
+        rates = []
+        for job in jobs:
+            if job.ready > now:
+                rates.append(0.0)
+                continue
+            worker_bw, shared_bw = self._bandwidths[job.direction]
+            rate = math.inf if worker_bw == 0 else worker_bw / local[job.worker, job.direction]
+            if self._shared:
+                rate = min(rate, math.inf if shared_bw == 0 else shared_bw / total[job.direction])
+            rates.append(rate)
+        return rates
+
+    def _event_times(self, rates: list[float]) -> list[float]:
+        now = self.now
+        return [
+            job.ready if job.ready > now else now + job.remaining / rate
+            for job, rate in zip(self._jobs, rates, strict=True)
+        ]
+
+    def next_event(self) -> float:
+        """When the next job starts moving bytes or completes (``math.inf`` if none)."""
+        if not self._jobs:
+            return math.inf
+        return min(self._event_times(self._rates()))
+
+    def next_deadline(self, worker: int) -> float:
+        """When the worker next has something to take: any job's event, or its completions."""
+        pending = [at for _, at in self._completed.get(worker, ())]
+        return min([self.next_event(), *pending])
+
+    def advance(self, target: float) -> None:
+        """Move the tier's clock to ``target``, completing the jobs due by then."""
+        target = max(target, self.now)
+        while True:
+            rates = self._rates()
+            times = self._event_times(rates)
+            event = min(times, default=math.inf)
+            step = min(event, target)
+            elapsed = step - self.now
+            for job, rate, at in zip(self._jobs, rates, times, strict=True):
+                if job.ready <= self.now:
+                    job.remaining = 0.0 if at <= step else max(0.0, job.remaining - elapsed * rate)
+            self.now = step
+            finished = [j for j in self._jobs if j.ready <= step and j.remaining == 0.0]
+            if finished:
+                self._jobs = [j for j in self._jobs if not (j.ready <= step and j.remaining == 0.0)]
+                for job in finished:
+                    self._finish(job)
+            if event > target:
+                return
+            if step == target and not finished:
+                rates = self._rates()
+                if all(t > target for t in self._event_times(rates)):
+                    return
+
+    def _finish(self, job: Job) -> None:
+        self.completion_epoch += 1
+        pool = self._pool(job.worker)
+        self._ordinal += 1
+        for key in job.keys:
+            entry = self._entries[pool, key]
+            if job.direction is Direction.WRITE:
+                entry.pending = False
+            else:
+                entry.pins -= 1
+                self._stats.cross_worker_read_blocks += entry.writer != job.worker
+            entry.touched = self._ordinal
+        io = self._stats.io[job.direction]
+        io.completed_jobs += 1
+        io.completed_bytes += len(job.keys) * self.block_bytes
+        io.transfer_ms += self.now - job.submitted
+        self._completed.setdefault(job.worker, []).append((job, self.now))
+
+    def take_completed(self, worker: int, now: float) -> list[Job]:
+        """The worker's jobs completed by ``now``, in completion order."""
+        self.advance(now)
+        done = self._completed.get(worker, [])
+        taken = [job for job, at in done if at <= now]
+        self._completed[worker] = [(job, at) for job, at in done if at > now]
+        return taken
+
+    def has_work(self, worker: int) -> bool:
+        """Whether the worker has jobs under way or completions to take."""
+        return bool(self._completed.get(worker)) or any(j.worker == worker for j in self._jobs)
+
+    def summary(self) -> dict[str, Any]:
+        """The reference's ``g3_offload`` summary object."""
+        s = self._stats
+        entries = self._entries.values()
+        return {
+            "cross_worker_read_blocks": s.cross_worker_read_blocks,
+            "evictions": s.evictions,
+            "lookup_hits": s.lookup_hits,
+            "lookup_pending": s.lookup_pending,
+            "lookup_probes": s.lookup_probes,
+            "pending_blocks": sum(1 for e in entries if e.pending),
+            "read": s.io[Direction.READ].as_dict(),
+            "resident_blocks": sum(1 for e in entries if not e.pending),
+            "write": s.io[Direction.WRITE].as_dict(),
+        }
