@@ -661,8 +661,7 @@ def _check_offload(values: dict[str, Any], source: str) -> None:
     backend = values.get("backend", Backend.VLLM)
     if backend is not Backend.VLLM:
         raise ConfigError(
-            f"{source}: native_host_offload is supported only for the vllm backend, "
-            f"not {backend}"
+            f"{source}: native_host_offload is supported only for the vllm backend, not {backend}"
         )
     if values.get("kv_cache_bytes_per_token") is None:
         raise ConfigError(

@@ -15,6 +15,7 @@ from typing import Any
 from servesim.cluster.flows import AggregatedFlow, KvObserver
 from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, Stage
 from servesim.config import Backend, EngineConfig, RouterConfig
+from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.collector import Collector, RequestRecord
@@ -192,13 +193,19 @@ def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report
     collector = Collector()
     ledger = Ledger(collector, admission, progress)
     completions: list[tuple[float, int, int]] = []
-    flow, cost_of = _flow(config, ledger, completions)
+    disk = None
+    if engine.g3_offload is not None:
+        assert engine.kv_cache_bytes_per_token is not None
+        disk = DiskTier(engine.g3_offload, engine.block_size * engine.kv_cache_bytes_per_token)
+    flow, cost_of = _flow(config, ledger, completions, disk)
     runtime = Runtime(flow, admission, ledger, completions)
     started = time.perf_counter()
     outcome = runtime.run(config.max_sim_time_ms)
     wall_ms = (time.perf_counter() - started) * 1000.0
     cost = cost_of(outcome.worker_seconds)
     summary = summarize(collector, cost=cost, sla=config.sla, wall_time_ms=wall_ms)
+    if disk is not None:
+        summary["g3_offload"] = disk.summary()
     return Report(summary=summary, records=collector.records, time_limited=outcome.time_limited)
 
 
@@ -247,15 +254,20 @@ CostOf = Callable[[dict[Stage, float]], Cost]
 
 
 def _flow(
-    config: RunConfig, ledger: Ledger, completions: list[tuple[float, int, int]]
+    config: RunConfig,
+    ledger: Ledger,
+    completions: list[tuple[float, int, int]],
+    disk: DiskTier | None,
 ) -> tuple[Flow, CostOf]:
-    """The flow the config asks for, and how to price its worker-seconds."""
+    """The flow the config asks for, and how to price its worker-seconds (``disk``: the
+    deployment's disk KV tier, under its aggregated workers' host tiers)."""
     fast = not config.exact_passes
     if not config.disaggregated:
         engine = config.engine
         kv = config.router_mode == "kv_router"
         workers = [
-            Worker(i, engine, fast_forward=fast, kv_events=kv) for i in range(config.num_workers)
+            Worker(i, engine, fast_forward=fast, kv_events=kv, disk=disk)
+            for i in range(config.num_workers)
         ]
         pool = Pool(Stage.AGGREGATED, workers, completions)
         indexer = KvIndexer() if kv else None

@@ -132,9 +132,7 @@ class AggregatedFlow:
         """See :class:`~servesim.cluster.runtime.Flow`."""
         ledger = self._ledger
         for request, reused in admitted:
-            ledger.collector.on_admit(
-                ledger.record(request.uid), now, reused, request.host_reused
-            )
+            ledger.collector.on_admit(ledger.record(request.uid), now, reused, request.host_reused)
         self._observe(worker, now)
 
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
