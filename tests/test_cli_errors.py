@@ -617,6 +617,39 @@ def test_speculative_decoding_keys(
     _fails(tmp_path, capsys, *SYNTHETIC, "--extra-engine-args", json.dumps(engine), expect=expect)
 
 
+@pytest.mark.parametrize(
+    ("engine", "expect"),
+    [
+        ({"native_host_offload": {"num_host_blocks": 8}}, ["kv_cache_bytes_per_token"]),
+        (
+            {
+                "backend": "trtllm",
+                "kv_cache_bytes_per_token": 2,
+                "native_host_offload": {"num_host_blocks": 8},
+            },
+            ["only for the vllm backend", "trtllm"],
+        ),
+        (
+            {"g3_offload": {"scope": "worker_local", "num_g3_blocks": 8}},
+            ["g3_offload requires native_host_offload"],
+        ),
+        (
+            {"kv_cache_bytes_per_token": 2, "native_host_offload": {"num_host_block": 8}},
+            ["num_host_block", "did you mean 'num_host_blocks'"],
+        ),
+    ],
+    ids=["no-bytes", "trtllm", "disk-alone", "typo"],
+)
+def test_offload_keys(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    engine: dict[str, Any],
+    expect: list[str],
+) -> None:
+    """Offload tiers: rejected where the reference rejects them, typos named."""
+    _fails(tmp_path, capsys, *SYNTHETIC, "--extra-engine-args", json.dumps(engine), expect=expect)
+
+
 def test_kv_event_lag_needs_the_kv_router(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,8 +20,10 @@ import servesim
 from servesim import cli
 from servesim.cli import check_writable, estimate_memory_bytes, main
 from servesim.config import (
+    _DISK_OFFLOAD_KEYS,
     _ENGINE_KEY_MEANINGS,
     _ENGINE_KEYS,
+    _HOST_OFFLOAD_KEYS,
     _REASONING_KEY_MEANINGS,
     _REASONING_KEYS,
     _ROUTER_KEY_MEANINGS,
@@ -256,6 +258,8 @@ def test_keys_lists_every_key_with_its_default(capsys: pytest.CaptureFixture[str
     rows = {line.split()[0]: line for line in listed}  # the router's keys win a shared name
     names = [*_ENGINE_KEYS, *(f"sglang.{k}" for k in _SGLANG_KEYS)]
     names += [*(f"trtllm.{k}" for k in _TRTLLM_KEYS), *(f"reasoning.{k}" for k in _REASONING_KEYS)]
+    names += [f"native_host_offload.{k}" for k in _HOST_OFFLOAD_KEYS]
+    names += [f"g3_offload.{k}" for k in _DISK_OFFLOAD_KEYS]
     assert [line.split()[0] for line in listed] == [*names, *_ROUTER_KEYS]
     assert [info.name for info in engine_keys()] == names
     assert [info.name for info in router_keys()] == list(_ROUTER_KEYS)

@@ -347,10 +347,11 @@ def _sub_keys(table: KeyTable, *, required: bool | tuple[str, ...] = False) -> P
             return None
         if not isinstance(value, dict):
             raise ConfigError(f"'{key}' must be a JSON object, got {value!r}")
+        parsed = _parse_keys(value, table, source=f"'{key}'", kind=key)  # unknown keys first
         missing = [name for name in needed if name not in value]
         if missing:
             raise ConfigError(f"'{key}' needs {', '.join(repr(m) for m in missing)}")
-        return _parse_keys(value, table, source=f"'{key}'", kind=key)
+        return parsed
 
     return parse
 

@@ -372,5 +372,7 @@ class HostOffload:
     def check(self) -> None:
         """Assert the tier's invariants and that every copy source is a live store's."""
         self.tier.check()
+        if self.disk is not None:
+            self.disk.check()
         for block, tid in self._copying.items():
             assert self.tier.in_flight(tid), f"GPU block {block} is tagged by a finished store"

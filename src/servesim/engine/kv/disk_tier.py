@@ -280,6 +280,31 @@ class DiskTier:
         """Whether the worker has jobs under way or completions to take."""
         return bool(self._completed.get(worker)) or any(j.worker == worker for j in self._jobs)
 
+    def check(self) -> None:
+        """Assert the tier's invariants: pools within capacity, pins matching the reads
+        under way, pending entries matching the writes under way."""
+        used: dict[int, int] = {}
+        for pool, _ in self._entries:
+            used[pool] = used.get(pool, 0) + 1
+        assert all(n <= self.config.num_g3_blocks for n in used.values()), "disk pool over capacity"
+        pins: dict[tuple[int, int], int] = {}
+        writing: set[tuple[int, int]] = set()
+        for job in self._jobs:
+            for key in job.keys:
+                identity = (self._pool(job.worker), key)
+                assert identity in self._entries, (
+                    f"disk job {job.jid} moves a block not in its pool"
+                )
+                if job.direction is Direction.READ:
+                    pins[identity] = pins.get(identity, 0) + 1
+                else:
+                    writing.add(identity)
+        for identity, entry in self._entries.items():
+            assert entry.pins == pins.get(identity, 0), f"disk block {identity} pins disagree"
+            assert entry.pending == (identity in writing), (
+                f"disk block {identity} pending disagrees"
+            )
+
     def summary(self) -> dict[str, Any]:
         """The reference's ``g3_offload`` summary object."""
         s = self._stats

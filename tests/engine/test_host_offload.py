@@ -1,0 +1,188 @@
+"""KV offload to host and disk, request by request, as the reference's probes show it.
+
+Every scenario: one worker, 16-token blocks, a fixed 10 ms prefill and 1 ms
+decode, and 62,500 KV bytes per token, so one block is 1 MB and takes 1 ms
+per GB/s of bandwidth. Requests A = ids 1-4 and C = 5-8 (64 tokens, 2 output
+tokens each); B repeats A's prompt. Each expectation was measured on the
+reference (Dynamo 1.6.1).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servesim import RunConfig, parse_engine_args, run
+from servesim.config import HostOffloadConfig
+from servesim.engine.kv.host_tier import HostTier, Residency
+from servesim.errors import ConfigError
+from servesim.metrics.collector import RequestRecord
+
+A, C = [1, 2, 3, 4], [5, 6, 7, 8]
+
+
+def _replay(
+    tmp_path: Path,
+    requests: list[tuple[float, list[int]]],
+    *,
+    gpu_blocks: int = 6,
+    host: dict[str, Any] | None = None,
+    disk: dict[str, Any] | None = None,
+) -> list[RequestRecord]:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "input_length": 64, "output_length": 2, "hash_ids": ids})
+            + "\n"
+            for t, ids in requests
+        )
+    )
+    engine: dict[str, Any] = {
+        "block_size": 16,
+        "num_gpu_blocks": gpu_blocks,
+        "kv_cache_bytes_per_token": 62_500,
+        "timing_model": {"type": "fixed", "prefill_ms": 10, "decode_ms": 1},
+        "native_host_offload": {
+            "num_host_blocks": 16,
+            "d2h_bandwidth_gbps": 1.0,
+            "h2d_bandwidth_gbps": 1.0,
+            **(host or {}),
+        },
+    }
+    if disk is not None:
+        engine["g3_offload"] = disk
+    config = RunConfig(trace=trace, trace_block_size=16, engine=parse_engine_args(engine))
+    return run(config).records
+
+
+def test_a_prompt_evicted_to_host_is_loaded_back_at_the_h2d_bandwidth(tmp_path: Path) -> None:
+    """A is stored to host after its prefill; C's prompt evicts A's tail from the GPU (a
+    finished request frees its blocks last first). B at 100 finds A's first block on the
+    GPU and the other three on host: a 3 MB load, 100 -> 103, then its prefill. Its 48
+    reused tokens (the last block is recomputed) are 16 from the GPU and 32 from host."""
+    a, c, b = _replay(tmp_path, [(0, A), (50, C), (100, A)])
+    assert (a.first_token_ms, c.first_token_ms) == (10.0, 60.0)
+    assert b.first_admit_ms == 103.0
+    assert (b.first_token_ms, b.last_token_ms) == (113.0, 114.0)
+    assert (b.first_reused, b.first_host_reused) == (48, 32)
+
+
+def test_the_load_waits_for_the_first_byte_latency(tmp_path: Path) -> None:
+    *_, b = _replay(tmp_path, [(0, A), (50, C), (100, A)], host={"latency_to_first_byte_ms": 2.0})
+    assert b.first_admit_ms == 105.0
+
+
+def test_reusing_a_gpu_block_still_being_copied_delays_the_pass(tmp_path: Path) -> None:
+    """A's 4 MB store is submitted when its prefill ends (10) and lasts to 14. C, admitted at
+    12, takes two of A's freed blocks: its pass computes only from 14, first token at 24."""
+    _, c, _ = _replay(tmp_path, [(0, A), (12, C), (100, A)])
+    assert c.first_admit_ms == 12.0
+    assert c.first_token_ms == 24.0
+
+
+@pytest.mark.parametrize(("h2d", "admitted"), [(0.0, 53.0), (0.5, 59.0), (1.0, 56.0), (2.0, 54.5)])
+def test_a_load_into_blocks_still_being_copied_starts_when_the_copy_ends(
+    tmp_path: Path, h2d: float, admitted: float
+) -> None:
+    """At 0.25 GB/s A's store runs 10 -> 26, so C (at 11.5) computes from 26 and its own
+    store, refused while its blocks carry A's copy, runs 37 -> 53. B's load of three blocks
+    goes into C's freed blocks: it starts at 53 and takes 3 MB at ``h2d``."""
+    a, c, b = _replay(
+        tmp_path,
+        [(0, A), (11.5, C), (12, A)],
+        host={"d2h_bandwidth_gbps": 0.25, "h2d_bandwidth_gbps": h2d},
+    )
+    assert (a.first_token_ms, c.first_token_ms) == (10.0, 36.0)
+    assert b.first_admit_ms == admitted
+    assert (b.first_reused, b.first_host_reused) == (48, 32)
+
+
+def test_a_block_evicted_from_host_is_read_back_from_disk(tmp_path: Path) -> None:
+    """Host holds four blocks: A's store (10 -> 14) is written on to disk (first byte at
+    14.5, 4 MB at 1 GB/s, done 18.5); C's store (30 -> 34) evicts A from host. B at 50:
+    A's blocks 2-4 are read from disk (first byte 50.5, 3 MB at 0.5 GB/s, done 56.5), then
+    loaded from host (56.5 -> 59.5)."""
+    *_, b = _replay(
+        tmp_path,
+        [(0, A), (20, C), (50, A)],
+        host={"num_host_blocks": 4},
+        disk={
+            "scope": "worker_local",
+            "num_g3_blocks": 64,
+            "read_bandwidth_gbps": 0.5,
+            "write_bandwidth_gbps": 1.0,
+            "latency_to_first_byte_ms": 0.5,
+        },
+    )
+    assert b.first_admit_ms == 59.5
+    assert b.first_token_ms == 69.5
+    assert (b.first_reused, b.first_host_reused) == (48, 32)
+
+
+def test_host_eviction_takes_the_least_recent_block_and_orders_a_cohort_by_key() -> None:
+    """A completed store's blocks become recent together, ordered by key among themselves;
+    a lookup touches a prompt's blocks last first, so its first block is the most recent."""
+    tier = HostTier(HostOffloadConfig(num_host_blocks=4, d2h_bandwidth_gbps=0.0), 1_000_000)
+    first = tier.prepare_store([30, 10, 20], owner=0)
+    assert first is not None and tier.lookup(10) is Residency.PENDING
+    tier.submit_prepared(0.0)
+    tier.advance(0.0)
+    assert tier.lru_order() == [10, 20, 30]
+    for key in reversed([30, 10, 20]):  # a lookup of the prompt 30, 10, 20
+        tier.touch(key)
+    assert tier.lru_order() == [20, 10, 30]
+    second = tier.prepare_store([40, 50], owner=1)  # one block must go: the least recent
+    assert second is not None
+    assert tier.lookup(20) is Residency.MISS
+    assert tier.lru_order() == [10, 30]
+    # A store that would have to evict its own blocks, or pending ones, waits.
+    assert tier.prepare_store([60, 70, 80, 90], owner=2) is None
+    tier.check()
+
+
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        ({"native_host_offload": {"num_host_blocks": 8}}, "requires kv_cache_bytes_per_token"),
+        (
+            {
+                "backend": "sglang",
+                "kv_cache_bytes_per_token": 2,
+                "native_host_offload": {"num_host_blocks": 8},
+            },
+            "only for the vllm backend",
+        ),
+        (
+            {"g3_offload": {"scope": "worker_local", "num_g3_blocks": 8}},
+            "g3_offload requires native_host_offload",
+        ),
+        (
+            {"kv_cache_bytes_per_token": 2, "native_host_offload": {}},
+            "needs 'num_host_blocks'",
+        ),
+        (
+            {
+                "kv_cache_bytes_per_token": 2,
+                "dp_size": 2,
+                "native_host_offload": {"num_host_blocks": 8},
+                "g3_offload": {"scope": "worker_local", "num_g3_blocks": 8},
+            },
+            "g3_offload supports only dp_size=1",
+        ),
+        (
+            {
+                "kv_cache_bytes_per_token": 2,
+                "native_host_offload": {"num_host_blocks": 8, "d2h_bandwidth_gbps": -1},
+            },
+            "'d2h_bandwidth_gbps' must be a finite number >= 0.0",
+        ),
+    ],
+)
+def test_offload_settings_the_reference_rejects_are_rejected(
+    engine: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_engine_args(engine)
