@@ -22,6 +22,8 @@ Benchmarks:
   batch     20,000 synthetic requests (2,000 in, 300 out), concurrency 256, 4 workers
   steady    25,000 synthetic requests (1,024 in, 128 out), one every 5 ms, 8 workers
   lowload   10,000 synthetic requests (512 in, 128 out), one every 200 ms, 1 worker
+  nooffload the first 3,000 Mooncake requests on 8 workers with a small GPU KV cache
+  offload   the same with a host KV tier (native_host_offload)
   workers   the first 2,000 Mooncake requests on 1,000 workers, round robin
   workers10k  the same on 10,000 workers (not in the default set)
 
@@ -48,6 +50,10 @@ REFCHECK = SHARED / "reference" / "refcheck.py"
 MOONCAKE = str(SHARED / "data" / "mooncake" / "conversation_trace.jsonl")
 ENGINE = {"block_size": 64}
 SGLANG_ENGINE = {"backend": "sglang", "block_size": 64, "sglang": {"schedule_policy": "lpm"}}
+# A GPU KV cache that multi-turn sessions outgrow, and the same with host offload
+# (131,072 bytes per token: Llama-3.1-8B's KV in 16 bits).
+SMALL_KV = {"block_size": 64, "num_gpu_blocks": 2500, "kv_cache_bytes_per_token": 131072}
+SMALL_KV_HOST = {**SMALL_KV, "native_host_offload": {"num_host_blocks": 20000}}
 
 
 def mooncake(**cluster: object) -> dict[str, object]:
@@ -105,6 +111,14 @@ BENCHMARKS: dict[str, tuple[str, dict[str, object]]] = {
     "lowload": (
         "synthetic 512 in / 128 out, one every 200 ms, 1 worker",
         synthetic(10000, 512, 128, 1, arrival_interval_ms=200),
+    ),
+    "nooffload": (
+        "first 3,000 Mooncake requests, 8 workers, small GPU KV (2,500 blocks), no host tier",
+        mooncake(max_requests=3000, num_workers=8, engine=SMALL_KV),
+    ),
+    "offload": (
+        "the same with a 20,000-block host tier per worker (32 GB/s each way)",
+        mooncake(max_requests=3000, num_workers=8, engine=SMALL_KV_HOST),
     ),
     "workers": (
         "first 2,000 Mooncake requests, 1,000 workers, round robin",

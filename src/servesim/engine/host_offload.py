@@ -95,6 +95,7 @@ class HostOffload:
         self._states: dict[int, _RequestState] = {}
         self._loading_keys: dict[BlockKey, int] = {}  # key -> load transfer id
         self._loads: dict[int, EngineRequest] = {}  # load transfer id -> its request
+        self._with_load: dict[int, _Load] = {}  # request uid -> its load (under way or done)
         # GPU blocks a store is still reading: block id -> the store's transfer id.
         self._copying: dict[int, int] = {}
         self._store_blocks: dict[int, list[int]] = {}
@@ -115,10 +116,24 @@ class HostOffload:
     def forget(self, request: EngineRequest) -> None:
         """The request ended on this rank."""
         self._states.pop(request.uid, None)
+        self._with_load.pop(request.uid, None)
 
     def load_of(self, request: EngineRequest) -> _Load | None:
         """The request's load, under way or activated."""
         return self._states[request.uid].load
+
+    def stored(self, request: EngineRequest) -> bool:
+        """Whether every full prompt block of the request was offered to host."""
+        state = self._states[request.uid]
+        return state.next_store >= len(state.prompt_keys)
+
+    def idle(self) -> bool:
+        """No copy is under way and no GPU block is being read by one."""
+        return (
+            not self._copying
+            and math.isinf(self.tier.next_deadline())
+            and (self.disk is None or not self.disk.has_work(self._worker))
+        )
 
     def reserved_blocks(self, request: EngineRequest) -> int:
         """GPU blocks a loading or activated request holds as its prefix."""
@@ -129,6 +144,12 @@ class HostOffload:
         """Blocks a loading or activated request will still need beyond its prefix."""
         load = self._states[request.uid].load
         return 0 if load is None else max(0, load.footprint_blocks - load.prefix_blocks)
+
+    def unreserved_tails(self) -> int:
+        """:meth:`unreserved_tail` summed over the rank's requests."""
+        return sum(
+            max(0, ld.footprint_blocks - ld.prefix_blocks) for ld in self._with_load.values()
+        )
 
     # ----- the waiting loop -----
 
@@ -167,8 +188,7 @@ class HostOffload:
                 outcome = (Lookup.DEFERRED, [])
             elif matched:
                 outcome = (Lookup.HIT, keys[g1_blocks : g1_blocks + matched])
-        for key in reversed(keys):
-            tier.touch(key)
+        tier.touch_prompt(keys)
         return outcome
 
     def _stage(self, request: EngineRequest, keys: list[BlockKey], now: float) -> bool:
@@ -242,13 +262,14 @@ class HostOffload:
         for key in keys:
             self._loading_keys[key] = transfer.tid
         self._loads[transfer.tid] = request
-        self._states[request.uid].load = _Load(
+        load = _Load(
             transfer.tid,
             keys,
             base_blocks,
             base_blocks * self.block_size,
             -(-request.length // self.block_size),
         )
+        self._states[request.uid].load = self._with_load[request.uid] = load
 
     def on_admitted(self, request: EngineRequest, reused_tokens: int) -> int:
         """The request was admitted reusing ``reused_tokens``; return those that came from host."""
@@ -256,6 +277,7 @@ class HostOffload:
         load, state.load = state.load, None
         if load is None:
             return 0
+        del self._with_load[request.uid]
         assert load.activated, "a request is admitted only once its load is done"
         state.next_store = reused_tokens // self.block_size
         return reused_tokens - min(load.g1_tokens, reused_tokens)
@@ -291,8 +313,7 @@ class HostOffload:
         self._store_blocks[transfer.tid] = sources
         state.latest_store = transfer.tid
         state.next_store = end
-        for key in reversed(keys):
-            tier.touch(key)
+        tier.touch_prompt(keys)
 
     def fence_blocks(self, blocks: list[int]) -> None:
         """New tokens go into ``blocks``: compute waits for the stores still reading them."""

@@ -123,7 +123,6 @@ class VllmScheduler:
             self._offload = HostOffload(
                 config.native_host_offload, self.block_size, config.kv_cache_bytes_per_token
             )
-            lazy = False  # transfers complete at pass boundaries: passes are stepped
         # Decode cohort (see the module docstring). _step counts this rank's passes;
         # _others holds the running requests that are not members.
         self.lazy = lazy
@@ -303,6 +302,8 @@ class VllmScheduler:
         running = self.running
         if self.waiting or self._others or not running or len(running) > self._max_tokens:
             return None
+        if self._connector or (self._offload is not None and not self._offload.idle()):
+            return None  # a copy under way may complete, or fence a new block, mid-window
         members, step, bs = self._members, self._step, self.block_size
         n = len(members)
         passes = min(limit, min(r.finish_step for r in members) - step)
@@ -492,6 +493,8 @@ class VllmScheduler:
         if computed % bs == 0:
             ok = self.pool.allocate_one(request.blocks)
             assert ok, "the cohort outran the pool"
+            if self._offload is not None:
+                self._offload.fence_blocks(request.blocks[-1:])
         if self._caching and (computed + 1) % bs == 0:
             full = (computed + 1) // bs
             self._cache_blocks(request, full - 1, full)
@@ -602,7 +605,7 @@ class VllmScheduler:
         assert offload is not None
         running, result, bs = self.running, self._result, self.block_size
         reserved = sum(self._prefill_reservation(r) for r in running)
-        reserved += sum(offload.unreserved_tail(r) for r in (*self.waiting, *self._connector))
+        reserved += offload.unreserved_tails()
         while not result.preempted and len(running) < self._max_seqs and self._budget > 0:
             awake = [r for r in self._connector if r not in self._asleep]
             request = awake[0] if awake else None
@@ -966,6 +969,7 @@ class VllmScheduler:
         if members:
             result.cohorts.append((self.last_emit_ms, members))
         join = self.lazy and self._decodes
+        offload = self._offload
         for request in ready:
             if request.generated < request.max_output:
                 request.generated += 1
@@ -973,7 +977,9 @@ class VllmScheduler:
             if self._generation_complete(request):
                 result.finished.append(request)
                 self._finish(request)
-            elif join:
+            elif join and (offload is None or offload.stored(request)):
+                # (With a host tier, once its prompt was offered to host: a member does
+                # nothing per pass, so a store it still has to retry would be lost.)
                 self._join(request)
         return end
 

@@ -94,6 +94,10 @@ class HostTier:
         self.block_bytes = block_bytes
         self._entries: dict[BlockKey, _Entry] = {}
         self._lru: dict[BlockKey, None] = {}  # resident and unpinned, least recent first
+        # Bumped whenever a block becomes the most recent; a prompt touched again with
+        # nothing made recent since then keeps its order (see touch_prompt).
+        self._recency = 0
+        self._last_prompt: tuple[list[BlockKey] | None, int] = (None, -1)
         self._d2h = Lane(config.d2h_bandwidth_gbps, config.latency_to_first_byte_ms)
         self._h2d = Lane(config.h2d_bandwidth_gbps, config.latency_to_first_byte_ms)
         self._transfers: dict[int, Transfer] = {}  # prepared or submitted, not completed
@@ -136,10 +140,30 @@ class HostTier:
         if key in self._lru:
             del self._lru[key]
             self._lru[key] = None
+            self._recency += 1
+
+    def touch_prompt(self, keys: list[BlockKey]) -> None:
+        """Touch a prompt's blocks last first (its first block ends up the most recent).
+
+        A blocked request looks its prompt up every pass; when nothing became
+        recent since its previous touch, the blocks are already in that order
+        (evictions only remove blocks), and the walk is skipped.
+        """
+        last, recency = self._last_prompt
+        if last is keys and recency == self._recency:
+            return
+        lru = self._lru
+        for key in reversed(keys):
+            if key in lru:
+                del lru[key]
+                lru[key] = None
+        self._recency += 1
+        self._last_prompt = (keys, self._recency)
 
     def _touch_cohort(self, keys: Iterable[BlockKey]) -> None:
         """Blocks that became evictable together: most recent, ordered by key among themselves."""
         entries, lru = self._entries, self._lru
+        self._recency += 1
         for key in sorted(keys):
             entry = entries.get(key)
             if entry is not None and entry.pending == RESIDENT and not entry.pins:
