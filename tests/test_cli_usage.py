@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from importlib.metadata import version
@@ -329,33 +328,47 @@ def test_report_path_in_a_missing_directory_is_created(tmp_path: Path) -> None:
     assert "summary" in json.loads(target.read_text())
 
 
-def test_report_path_without_permission_fails_before_the_run(tmp_path: Path) -> None:
-    """A directory the user may not write in is refused at once (as root, the check runs as
-    user nobody; permissions do not bind root)."""
+def _main_as_user_without_write_access(argv: list[str]) -> tuple[int, str]:
+    """Run ``main(argv)`` in a forked child that cannot write where root could: as root the
+    child becomes user nobody first (permissions do not bind root). servesim is already
+    imported, so the child needs no access to the checkout. Returns (exit code, stderr)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 70
+        try:
+            os.close(read_end)
+            os.dup2(write_end, 2)
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 (pytest replaced it)
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as stream:
+        err = stream.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), err
+
+
+def test_report_path_without_permission_fails_before_the_run() -> None:
+    """A directory the user may not write in is refused at once, before any simulation."""
     directory = Path(tempfile.mkdtemp(prefix="servesim-readonly-"))
     try:
-        prefix: list[str] = []
-        if os.geteuid() == 0:
-            setpriv = shutil.which("setpriv")
-            if setpriv is None:
-                pytest.skip("running as root without setpriv: cannot drop privileges")
-            prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
-            directory.chmod(0o755)  # root's: nobody may enter, not write
-        else:
-            directory.chmod(0o555)
+        # Root's directory, readable but not writable by others (nobody, as root); the
+        # owner's own directory made read-only otherwise.
+        directory.chmod(0o755 if os.geteuid() == 0 else 0o555)
         target = directory / "sub" / "report.json"
-        code = "from servesim.cli import main; raise SystemExit(main())"
         argv = ["replay", *SYNTHETIC, "--max-sim-time-seconds", "0", "--report-json", str(target)]
-        done = subprocess.run(
-            [*prefix, sys.executable, "-c", code, *argv],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd="/",
-            check=False,
-        )
         expected = f"servesim: error: --report-json: cannot write {target}: no permission to write in {directory}\n"
-        assert (done.returncode, done.stdout, done.stderr) == (2, "", expected)
+        assert _main_as_user_without_write_access(argv) == (2, expected)
     finally:
         directory.chmod(0o755)
         shutil.rmtree(directory)

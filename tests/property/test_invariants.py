@@ -53,6 +53,19 @@ requests = st.lists(
 )
 
 
+def one_turn_sessions(reqs: list[tuple[list[int], int, int, float]]) -> list[Session]:
+    """One single-turn session per drawn request (hash ids, cut of the last id, output, arrival)."""
+    cache = BlockContentCache()
+    sessions = []
+    for ids, cut, output, arrival in reqs:
+        length = (len(ids) - 1) * TRACE_BLOCK + cut
+        prompt = TracePrompt(tuple(ids), TRACE_BLOCK, length, cache)
+        sessions.append(
+            Session(turns=[RequestSpec(prompt=prompt, output_length=output)], start_ms=arrival)
+        )
+    return sessions
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     reqs=requests,
@@ -89,14 +102,7 @@ def test_random_workloads_keep_the_invariants(
         preemption_mode=preemption,
         dp_size=dp_size,
     )
-    cache = BlockContentCache()
-    sessions = []
-    for ids, cut, output, arrival in reqs:
-        length = (len(ids) - 1) * TRACE_BLOCK + cut
-        prompt = TracePrompt(tuple(ids), TRACE_BLOCK, length, cache)
-        sessions.append(
-            Session(turns=[RequestSpec(prompt=prompt, output_length=output)], start_ms=arrival)
-        )
+    sessions = one_turn_sessions(reqs)
     mark_shared_blocks(sessions, BLOCK)
     workers: list[Worker] = [CheckedWorker(i, config) for i in range(num_workers)]
     collector, outcome = replay_aggregated(sessions, config, workers, concurrency=concurrency)

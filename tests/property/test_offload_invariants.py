@@ -18,13 +18,13 @@ from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.vllm import VllmScheduler
 from servesim.engine.worker import Worker
 from servesim.metrics.collector import Terminal
-from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
 from tests.property.test_invariants import (
     BLOCK,
     MAX_OUTPUT,
     MAX_PROMPT_IDS,
     TRACE_BLOCK,
     CheckedWorker,
+    one_turn_sessions,
     requests,
 )
 from tests.support import replay_aggregated
@@ -80,14 +80,7 @@ def test_offload_tiers_keep_their_books(
     tier = None
     if config.g3_offload is not None:
         tier = DiskTier(config.g3_offload, BLOCK * BYTES_PER_TOKEN)
-    cache = BlockContentCache()
-    sessions = []
-    for ids, cut, output, arrival in reqs:
-        length = (len(ids) - 1) * TRACE_BLOCK + cut
-        prompt = TracePrompt(tuple(ids), TRACE_BLOCK, length, cache)
-        sessions.append(
-            Session(turns=[RequestSpec(prompt=prompt, output_length=output)], start_ms=arrival)
-        )
+    sessions = one_turn_sessions(reqs)
     workers: list[Worker] = [CheckedWorker(i, config, disk=tier) for i in range(num_workers)]
     collector, _ = replay_aggregated(sessions, config, workers, concurrency=concurrency)
     records = collector.records
