@@ -39,10 +39,11 @@ def route_request(
 class KvObserver:
     """Feeds a pool's KV events to an indexer, when the reference would make them visible.
 
-    Events of a pass are observed at its start; those of commands right after
-    them. A fast-forward window is applied lazily, so the Removed events its
-    evictions publish at the start of its passes are scheduled instead, and
-    :meth:`catch_up` applies those due before the router reads the index.
+    Events of a pass are observed at its end (as the reference shows them to
+    its router); those of commands right after them. A fast-forward window is
+    applied lazily, so the Removed events its evictions publish at the end of
+    its passes are scheduled instead, and :meth:`catch_up` applies those due
+    before the router reads the index.
     With ``lag_ms`` (``--kv-event-lag-ms``) every event reaches the index that
     much later: it is held until then, in the order it was published.
     """
@@ -71,11 +72,10 @@ class KvObserver:
             self._push(removal.at_ms + self._lag, worker.worker_id, removal)
 
     def catch_up(self, now: float) -> None:
-        """Apply the scheduled removals of passes that started before ``now`` (plus the lag),
+        """Apply the scheduled removals of passes that ended by ``now`` (plus the lag),
         and the events held back until ``now`` or earlier."""
         due = self._due
-        # Held events due at ``now`` apply; removals only of passes that started before it.
-        while due and (due[0][0] < now or (due[0][0] == now and due[0][1] == 0)):
+        while due and due[0][0] <= now:
             _, _, _, worker_id, item = heapq.heappop(due)
             if isinstance(item, tuple):
                 self.indexer.apply(*item)

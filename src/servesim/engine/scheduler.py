@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -83,8 +83,6 @@ class RankScheduler(Protocol):
 
     role: RankRole
     timing: TimingModel
-    events_at_pass_end: ClassVar[bool]
-    """Whether a pass's KV events become visible at its end (SGLang) or at its start (vLLM)."""
     waiting: deque[EngineRequest]
     running: list[EngineRequest]
     committed_prefill_tokens: int

@@ -54,7 +54,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from typing import ClassVar
 
 from servesim.config import EngineConfig, Role
 from servesim.engine.kv.block_pool import KvEvent
@@ -87,8 +86,6 @@ RETRACT_DECODE_STEPS = 20
 
 class SglangScheduler:
     """Waiting, prebuilt and running requests and the radix KV cache of one rank."""
-
-    events_at_pass_end: ClassVar[bool] = True
 
     def __init__(
         self,

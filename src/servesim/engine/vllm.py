@@ -42,7 +42,6 @@ import heapq
 import math
 from collections import deque
 from enum import Enum
-from typing import ClassVar
 
 import numpy as np
 
@@ -68,8 +67,6 @@ class _Outcome(Enum):
 
 class VllmScheduler:
     """Waiting and running queues, token budget and KV blocks of one rank."""
-
-    events_at_pass_end: ClassVar[bool] = False
 
     def __init__(
         self,

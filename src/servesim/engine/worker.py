@@ -79,7 +79,7 @@ class _Window:
 
 @dataclass(frozen=True, slots=True)
 class ScheduledRemoval:
-    """A Removed event a fast-forward window publishes at the start of one of its passes."""
+    """A Removed event a fast-forward window publishes at the end of one of its passes."""
 
     at_ms: float
     rank: int
@@ -286,10 +286,10 @@ class Worker:
     def take_events(self) -> list[tuple[int, list[KvEvent]]]:
         """Each rank's KV events since the last call, as (rank, events).
 
-        An engine whose events become visible at a pass's end (SGLang) shows
-        none while a pass is in flight.
+        A pass's events become visible at its end, as the reference shows them
+        to its router: none while a pass is in flight.
         """
-        if self.busy_until is not None and self.ranks[0].events_at_pass_end:
+        if self.busy_until is not None:
             return []
         out = []
         for index, rank in enumerate(self.ranks):
@@ -304,7 +304,7 @@ class Worker:
         return sum(len(r.waiting) + len(r.running) for r in self.ranks)
 
     def take_scheduled_removals(self) -> list[ScheduledRemoval]:
-        """The Removed events of the window just started, each due at the start of its pass.
+        """The Removed events of the window just started, each due at the end of its pass.
 
         A router that reads KV state in the middle of a window applies those
         due by then (see :meth:`removal_happened`); the window's real events
@@ -368,9 +368,7 @@ class Worker:
         self._serial += 1
         self._valid_passes = passes
         self._removals = [
-            ScheduledRemoval(
-                now if j == 0 else float(ends[j - 1]), self.ranks.index(rank), self._serial, j, h
-            )
+            ScheduledRemoval(float(ends[j]), self.ranks.index(rank), self._serial, j, h)
             for rank, plan in plans
             for j, h in plan.removals
             if j < passes
