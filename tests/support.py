@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from servesim import RunConfig, SyntheticWorkload, parse_engine_args, run
 from servesim.cluster.disagg import DisaggregatedFlow
-from servesim.cluster.flows import AggregatedFlow
+from servesim.cluster.flows import AggregatedFlow, KvObserver
 from servesim.cluster.runtime import Ledger, Pool, RunOutcome, Runtime, Stage
-from servesim.config import EngineConfig
+from servesim.config import EngineConfig, RouterConfig
 from servesim.engine.worker import Worker
 from servesim.metrics.collector import Collector
-from servesim.router.routing import RoundRobinPolicy
+from servesim.router.indexer import KvIndexer
+from servesim.router.kv_router import KvRouter
+from servesim.router.routing import KvPolicy, PlacementPolicy, RoundRobinPolicy
 from servesim.simulation import Report
 from servesim.workload.admission import AdmissionQueue
 from servesim.workload.request import Session
@@ -37,17 +40,31 @@ def replay_aggregated(
     *,
     concurrency: int | None = None,
     max_sim_time_ms: float | None = None,
+    kv_router: bool = False,
 ) -> tuple[Collector, RunOutcome]:
-    """Replay ``sessions`` on ``workers`` behind a round-robin router."""
+    """Replay ``sessions`` on ``workers`` behind a round-robin router, or with ``kv_router``
+    the KV router (default config, seed 0; the workers must record KV events)."""
     collector = Collector()
     admission = AdmissionQueue(sessions, concurrency=concurrency)
     ledger = Ledger(collector, admission, None)
     completions: list[tuple[float, int, int]] = []
+    policy: PlacementPolicy = RoundRobinPolicy([config.dp_size] * len(workers))
+    observer = None
+    if kv_router:
+        indexer = KvIndexer()
+        router_config = RouterConfig()
+        targets = len(workers) * config.dp_size
+        router = KvRouter(
+            router_config, targets, config.block_size, random.Random(0), indexer=indexer
+        )
+        policy = KvPolicy(router, config.dp_size, router_config, config.max_num_batched_tokens)
+        observer = KvObserver(indexer, config.dp_size)
     flow = AggregatedFlow(
         Pool(Stage.AGGREGATED, workers, completions),
-        RoundRobinPolicy([config.dp_size] * len(workers)),
+        policy,
         ledger,
         block_size=config.block_size,
+        observer=observer,
     )
     outcome = Runtime(flow, admission, ledger, completions).run(max_sim_time_ms)
     return collector, outcome

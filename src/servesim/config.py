@@ -786,8 +786,8 @@ _ROUTER_KEYS: KeyTable = {
     "router_track_prefill_tokens": ("router_track_prefill_tokens", _bool, True),
     "router_queue_threshold": ("router_queue_threshold", _float(0.0, nullable=True), None),
     "router_queue_policy": ("router_queue_policy", _queue_policy, "fcfs"),
-    # Device-tier replay: host and disk tiers hold nothing, so their weights have no effect.
-    "host_cache_hit_weight": (None, _float(0.0), 0.75),
+    "host_cache_hit_weight": ("host_cache_hit_weight", _float(0.0), 0.75),
+    # The reference's replay indexes no disk-tier blocks, so this weight has no effect.
     "disk_cache_hit_weight": (None, _float(0.0), 0.25),
     # Live-serving plumbing with no effect on an offline replay.
     "use_kv_events": (None, _bool, True),
@@ -835,8 +835,10 @@ _ROUTER_KEY_MEANINGS = {
     "router_track_prefill_tokens": "count uncached prompt tokens still to prefill as load",
     "router_queue_threshold": "queue requests while every target's prefill load exceeds this x max_num_batched_tokens (null: no queue)",
     "router_queue_policy": "order of the router queue: fcfs, lcfs or wspt",
-    "host_cache_hit_weight": f"host-tier credit; {_NO_EFFECT} (device tier only)",
-    "disk_cache_hit_weight": f"disk-tier credit; {_NO_EFFECT} (device tier only)",
+    "host_cache_hit_weight": (
+        "what one block on a target's host tier (after its GPU prefix) counts for, in GPU blocks"
+    ),
+    "disk_cache_hit_weight": f"disk-tier credit; {_NO_EFFECT} (the router sees no disk blocks)",
     "use_kv_events": f"live serving setting; {_NO_EFFECT}",
     "router_replica_sync": f"live serving setting; {_NO_EFFECT}",
     "router_ttl_secs": f"live serving setting; {_NO_EFFECT}",
@@ -880,6 +882,7 @@ class RouterConfig:
     router_track_prefill_tokens: bool = True
     router_queue_threshold: float | None = None
     router_queue_policy: str = "fcfs"
+    host_cache_hit_weight: float = 0.75
 
 
 def parse_router_config(raw: Any, *, source: str = "--router-config") -> RouterConfig:

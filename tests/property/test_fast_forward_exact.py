@@ -55,6 +55,7 @@ def replay(
     concurrency: int | None,
     cap: float | None,
     fast: bool,
+    kv_router: bool = False,
 ) -> list[tuple[object, ...]]:
     """The token-gap sketches' statistics, then each request's record, of a replay.
 
@@ -64,9 +65,9 @@ def replay(
     sessions = build(sessions_spec)
     if fast:
         mark_shared_blocks(sessions, config.block_size)
-    pool = [Worker(i, config, fast_forward=fast) for i in range(workers)]
+    pool = [Worker(i, config, fast_forward=fast, kv_events=kv_router) for i in range(workers)]
     collector, _ = replay_aggregated(
-        sessions, config, pool, concurrency=concurrency, max_sim_time_ms=cap
+        sessions, config, pool, concurrency=concurrency, max_sim_time_ms=cap, kv_router=kv_router
     )
     gaps = [(s.describe(), s.count) for s in (collector.itl, collector.per_user)]
     return gaps + [
@@ -78,6 +79,7 @@ def replay(
             r.last_token_ms,
             r.num_tokens,
             r.reused,
+            r.overlap_blocks,
             r.worker,
             r.dp_rank,
             r.terminal,
@@ -109,6 +111,7 @@ def same(a: object, b: object) -> bool:
     cap=st.one_of(st.none(), st.floats(50, 2000, allow_nan=False)),
     backend=st.sampled_from(list(Backend)),
     host_blocks=st.one_of(st.none(), st.integers(1, 40)),
+    kv_router=st.booleans(),
 )
 def test_fast_forward_records_equal_exact_passes(
     sessions_spec: list[tuple[float, list[tuple[list[int], int, float]]]],
@@ -120,12 +123,15 @@ def test_fast_forward_records_equal_exact_passes(
     cap: float | None,
     backend: Backend,
     host_blocks: int | None,
+    kv_router: bool,
 ) -> None:
     """Every request's times, tokens, reuse, placement and status agree in both modes, and
     so do the token-gap statistics (ITL and per-user rate: count, extremes, moments, percentiles).
 
     vLLM ranks may have a host KV tier (``host_blocks``), with copies slow enough to
-    overlap decode stretches (a 4-token block is 1 MB; 0.5 GB/s out, 2 GB/s back).
+    overlap decode stretches (a 4-token block is 1 MB; 0.5 GB/s out, 2 GB/s back). With
+    ``kv_router`` the KV router places requests from the KV events both modes publish
+    (a window's evictions, scheduled, must show when stepping shows them).
     """
     host = None
     if host_blocks is not None and backend is Backend.VLLM:
@@ -141,8 +147,8 @@ def test_fast_forward_records_equal_exact_passes(
         kv_cache_bytes_per_token=250_000,
         native_host_offload=host,
     )
-    fast = replay(sessions_spec, config, workers, concurrency, cap, fast=True)
-    exact = replay(sessions_spec, config, workers, concurrency, cap, fast=False)
+    fast = replay(sessions_spec, config, workers, concurrency, cap, True, kv_router)
+    exact = replay(sessions_spec, config, workers, concurrency, cap, False, kv_router)
     assert len(fast) == len(exact)
     for f, e in zip(fast, exact, strict=True):
         assert all(same(a, b) for a, b in zip(f, e, strict=True)), (f, e)

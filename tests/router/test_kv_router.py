@@ -71,7 +71,7 @@ def test_cost_counts_load_and_shared_active_blocks_once() -> None:
     """After placing a request, its uncached tokens load the target and its blocks are active there."""
     r = router()
     first = request(0, 16, [11, 12, 13, 14])
-    r.add(first, Placement(target=0, overlap_blocks=1, best_overlap_blocks=1))
+    r.add(first, Placement(target=0, overlap_blocks=1, best_overlap_blocks=1, cached_tokens=4))
     second = request(1, 8, [11, 12])
     # Target 0: prefill (12 + 8) / 4 = 5, decode 4 active + 0 new (both hashes active) = 4 -> 9.
     assert r.cost(second, 0, overlap=0) == 9.0
@@ -86,7 +86,7 @@ def test_cost_without_kv_reuse_counts_every_block() -> None:
     r = router(RouterConfig(router_assume_kv_reuse=False, router_track_prefill_tokens=False))
     r.add(
         request(0, 16, [11, 12, 13, 14]),
-        Placement(target=0, overlap_blocks=0, best_overlap_blocks=0),
+        Placement(target=0, overlap_blocks=0, best_overlap_blocks=0, cached_tokens=0),
     )
     assert r.cost(request(1, 8, [11, 12]), 0, overlap=2) == 6.0  # 4 active + 2 new, no prefill term
 
@@ -97,7 +97,10 @@ def test_overlap_credit_and_load_scale_and_request_weight() -> None:
         overlap_score_credit=0.5, prefill_load_scale=2.0, decode_active_request_weight=3.0
     )
     r = router(config)
-    r.add(request(0, 8, []), Placement(target=0, overlap_blocks=0, best_overlap_blocks=0))
+    r.add(
+        request(0, 8, []),
+        Placement(target=0, overlap_blocks=0, best_overlap_blocks=0, cached_tokens=0),
+    )
     req = request(1, 16, [21, 22, 23, 24])
     # Target 0: prefill (8 + 16) / 4 = 6, credit 0.5 x 4 = 2 -> 2 x 4 = 8; decode 2 + 4 = 6; 3 x 1 request.
     assert r.cost(req, 0, overlap=4) == 8.0 + 6.0 + 3.0
@@ -112,7 +115,9 @@ def test_selection_takes_the_cheapest_target_and_reports_overlaps() -> None:
     index.apply(1, [KvStored(None, (11, 12))])
     r = router(indexer=index, targets=3)
     placement = r.select(request(0, 16, [11, 12, 13, 14]))
-    assert placement == Placement(target=1, overlap_blocks=2, best_overlap_blocks=2)
+    assert placement == Placement(
+        target=1, overlap_blocks=2, best_overlap_blocks=2, cached_tokens=8
+    )
 
 
 def test_ties_are_broken_by_the_seeded_generator() -> None:

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servesim.config import RouterConfig
-from servesim.router.kv_router import KvRouter, Placement, RouteRequest
+from servesim.router.kv_router import KvRouter, Overlaps, Placement, RouteRequest
 
 BLOCK = 4
 
@@ -31,14 +31,16 @@ CONFIGS = st.builds(
     router_track_active_blocks=st.booleans(),
     router_assume_kv_reuse=st.booleans(),
     router_track_prefill_tokens=st.booleans(),
+    host_cache_hit_weight=st.sampled_from([0.0, 0.75, 0.3]),
 )
 
 # A request: prompt tokens, its shareable leading hashes (a prefix of a small
-# universe, so requests share), and a cached-overlap count per target.
+# universe, so requests share), and cached device and host block counts per target.
 REQUESTS = st.tuples(
     st.integers(1, 64),
     st.integers(0, 6),
     st.dictionaries(st.integers(0, 5), st.integers(0, 6), max_size=4),
+    st.dictionaries(st.integers(0, 5), st.integers(1, 6), max_size=3),
 )
 
 
@@ -48,7 +50,9 @@ def make_request(uid: int, isl: int, shared: int, family: int) -> RouteRequest:
     return RouteRequest(uid=uid, isl=isl, blocks=-(-isl // BLOCK), hashes=hashes)
 
 
-def reference_cost(router: KvRouter, request: RouteRequest, target: int, overlap: int) -> float:
+def reference_cost(
+    router: KvRouter, request: RouteRequest, target: int, overlap: int, host: int = 0
+) -> float:
     """The reference's cost of one target, one Python float operation at a time."""
     config, bs = router.config, router.block_size
     tokens = router.prefill_tokens(target)
@@ -63,6 +67,8 @@ def reference_cost(router: KvRouter, request: RouteRequest, target: int, overlap
                 1.0 + config.overlap_score_credit_decay * excess / max(request.blocks, 1)
             )
     credit = config.overlap_score_credit * decay * overlap
+    if host:
+        credit += config.host_cache_hit_weight * host
     blocks = request.isl // bs
     unique = int(router._unique[target])
     if not config.router_track_active_blocks:
@@ -105,23 +111,32 @@ def reference_choice(router: KvRouter, costs: list[float], rng: random.Random) -
 def test_all_target_costs_equal_the_per_target_formula(
     config: RouterConfig,
     targets: int,
-    steps: list[tuple[tuple[int, int, dict[int, int]], int, int]],
+    steps: list[tuple[tuple[int, int, dict[int, int], dict[int, int]], int, int]],
     seed: int,
 ) -> None:
     router = KvRouter(config, targets, BLOCK, random.Random(seed), indexer=None)
     twin = random.Random(seed)
     placed: list[int] = []
-    for uid, ((isl, shared, raw_overlaps), family, action) in enumerate(steps):
+    for uid, ((isl, shared, raw_device, raw_host), family, action) in enumerate(steps):
         request = make_request(uid, isl, shared, family)
-        overlaps = {t: n for t, n in raw_overlaps.items() if t < targets}
+        device = {t: n for t, n in raw_device.items() if t < targets}
+        host = {t: n for t, n in raw_host.items() if t < targets}
+        overlaps = Overlaps(device, host)
         active = router._already_active(request)
         costs = router._costs(request, overlaps, active).tolist()
-        expected = [reference_cost(router, request, t, overlaps.get(t, 0)) for t in range(targets)]
+        expected = [
+            reference_cost(router, request, t, device.get(t, 0), host.get(t, 0))
+            for t in range(targets)
+        ]
         assert costs == expected
         # cost() is one of them, with or without the active counts worked out beforehand.
-        assert [router.cost(request, t, overlaps.get(t, 0)) for t in range(targets)] == expected
         assert [
-            router.cost(request, t, overlaps.get(t, 0), already_active=active.get(t, 0))
+            router.cost(request, t, device.get(t, 0), host=host.get(t, 0)) for t in range(targets)
+        ] == expected
+        assert [
+            router.cost(
+                request, t, device.get(t, 0), host=host.get(t, 0), already_active=active.get(t, 0)
+            )
             for t in range(targets)
         ] == expected
         placement = router.select(request, overlaps=overlaps)
@@ -142,7 +157,10 @@ def test_a_placement_loads_and_a_free_unloads_the_arrays() -> None:
     router = KvRouter(RouterConfig(), 3, BLOCK, random.Random(0), indexer=None)
     requests = [make_request(uid, 16, 2, uid % 2) for uid in range(4)]
     for uid, request in enumerate(requests):
-        router.add(request, Placement(target=uid % 3, overlap_blocks=0, best_overlap_blocks=0))
+        router.add(
+            request,
+            Placement(target=uid % 3, overlap_blocks=0, best_overlap_blocks=0, cached_tokens=0),
+        )
     assert [router.prefill_tokens(t) for t in range(3)] == [32, 16, 16]
     assert router._shared_count.tolist() == [4, 2, 2]  # target 0 holds both families
     for uid in range(4):

@@ -173,6 +173,11 @@ class DisaggregatedFlow:
         if pool.stage is Stage.PREFILL:
             self._observe(worker, now)
 
+    def on_own_work(self, pool: Pool, worker: Worker, now: float) -> None:
+        """See :class:`~servesim.cluster.runtime.Flow`: the prefill pool's KV events."""
+        if pool.stage is Stage.PREFILL:
+            self._observe(worker, now)
+
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
         self._pending.extend(self._deferred.pop((pool.stage, worker.worker_id), ()))

@@ -168,6 +168,10 @@ class AggregatedFlow:
             ledger.end(request.uid, now, Terminal.REJECTED)
             self._dispatch(policy.request_ended(request.uid, now), now)
 
+    def on_own_work(self, pool: Pool, worker: Worker, now: float) -> None:
+        """See :class:`~servesim.cluster.runtime.Flow`: its KV events (host copies stored)."""
+        self._observe(worker, now)
+
     def settle(self, now: float) -> bool:
         """See :class:`~servesim.cluster.runtime.Flow`: nothing of its own."""
         return False

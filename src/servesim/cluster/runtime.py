@@ -171,6 +171,10 @@ class Flow(Protocol):
         """A worker's pass (or window) ended at ``now`` with ``outputs``."""
         ...
 
+    def on_own_work(self, pool: Pool, worker: Worker, now: float) -> None:
+        """An idle worker did work of its own at ``now`` (such as completing a KV copy)."""
+        ...
+
     def settle(self, now: float) -> bool:
         """Do the flow's own work due at ``now``; return whether anything changed."""
         ...
@@ -302,6 +306,7 @@ class Runtime:
             if worker.busy or worker.next_internal_deadline() > now:
                 continue  # a pass is in flight (its end completes what is due), or done already
             worker.process_internal(now)
+            self.flow.on_own_work(pool, worker, now)
             pool.wake(worker_id)
             changed = True
         return changed

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from servesim.config import HostOffloadConfig
+from servesim.engine.kv.block_pool import KvEvent
 from servesim.engine.kv.disk_tier import Direction, DiskTier, Probe
 from servesim.engine.kv.host_tier import BlockKey, HostTier, Kind, Residency
 from servesim.engine.request import EngineRequest
@@ -83,9 +84,11 @@ class HostOffload:
         config: HostOffloadConfig,
         block_size: int,
         bytes_per_token: int,
+        *,
+        events: list[KvEvent] | None = None,
     ) -> None:
         self.block_size = block_size
-        self.tier = HostTier(config, block_size * bytes_per_token)
+        self.tier = HostTier(config, block_size * bytes_per_token, events=events)
         self.disk: DiskTier | None = None
         self._worker = 0
         self._reads: dict[int, list[int]] = {}  # disk read job -> host reservations it fills

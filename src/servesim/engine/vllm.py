@@ -118,7 +118,10 @@ class VllmScheduler:
         if config.native_host_offload is not None:
             assert config.kv_cache_bytes_per_token is not None
             self._offload = HostOffload(
-                config.native_host_offload, self.block_size, config.kv_cache_bytes_per_token
+                config.native_host_offload,
+                self.block_size,
+                config.kv_cache_bytes_per_token,
+                events=self.pool.events,
             )
         # Decode cohort (see the module docstring). _step counts this rank's passes;
         # _others holds the running requests that are not members.

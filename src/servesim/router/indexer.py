@@ -10,6 +10,12 @@ chain cuts the overlap there even if later blocks are still held.
 
 A lookup walks the request's hashes once, narrowing the mask of targets still
 matching, so it costs O(prefix length), never O(targets x cache size).
+
+Host-tier events (``host``) go to a second map of the same shape: the blocks
+each target's host tier holds. A target's host *extension* continues its
+device prefix: the consecutive blocks after it that its host tier holds (from
+the first block when the device holds none), so a block cached on both
+counts once, on the device.
 """
 
 from __future__ import annotations
@@ -22,23 +28,24 @@ from servesim.engine.kv.block_pool import KvEvent, KvStored
 class KvIndexer:
     """Block hash -> bit mask of the targets holding it."""
 
-    __slots__ = ("_holders",)
+    __slots__ = ("_holders", "_host")
 
     def __init__(self) -> None:
         self._holders: dict[int, int] = {}
+        self._host: dict[int, int] = {}
 
     def apply(self, target: int, events: Iterable[KvEvent]) -> None:
         """Apply one target's KV events, in order."""
-        holders = self._holders
-        get = holders.get
         bit = 1 << target
         for event in events:
+            holders = self._host if event.host else self._holders
             if isinstance(event, KvStored):
+                get = holders.get
                 for h in event.hashes:
                     holders[h] = get(h, 0) | bit
                 continue
             for h in event.hashes:
-                left = get(h, 0) & ~bit
+                left = holders.get(h, 0) & ~bit
                 if left:
                     holders[h] = left
                 else:
@@ -65,6 +72,30 @@ class KvIndexer:
             low = matching & -matching
             found[low.bit_length() - 1] = depth
             matching ^= low
+        return found
+
+    def host_extensions(self, hashes: list[int], device: dict[int, int]) -> dict[int, int]:
+        """For each target whose host tier continues its device prefix (``device``, from
+        :meth:`overlaps`): how many consecutive blocks it holds after that prefix."""
+        host = self._host
+        if not host or not hashes:
+            return {}
+        get = host.get
+        n = len(hashes)
+        starts = dict(device)
+        root = get(hashes[0], 0)
+        while root:
+            low = root & -root
+            starts.setdefault(low.bit_length() - 1, 0)
+            root ^= low
+        found: dict[int, int] = {}
+        for target, start in starts.items():
+            bit = 1 << target
+            end = start
+            while end < n and get(hashes[end], 0) & bit:
+                end += 1
+            if end > start:
+                found[target] = end - start
         return found
 
     def holders(self, block_hash: int) -> frozenset[int]:

@@ -4,6 +4,7 @@ For a request of ``isl`` prompt tokens and ``n`` blocks, on target ``w``::
 
     prefill  = (active prefill tokens(w) + isl) / block_size        (if tracking prefill tokens)
     credit   = overlap_score_credit x decay(w) x overlap(w)         (cached leading blocks on w)
+               + host_cache_hit_weight x host(w)                    (host blocks right after them)
     decode   = active blocks(w) + request blocks not already active on w
     cost(w)  = prefill_load_scale x max(0, prefill - credit) + decode
                + decode_active_request_weight x active requests(w)
@@ -15,6 +16,13 @@ reference, a request's blocks in the load and the decode term are its
 rounded up. Temperature 0 takes the cheapest target (ties broken by a seeded
 generator); a positive temperature samples
 ``p ∝ exp(-(c - c_min) / ((c_max - c_min) T))``.
+
+With host offload, ``host(w)`` counts the blocks after the device prefix that
+the target's host tier holds (see :class:`~servesim.router.indexer.KvIndexer`).
+The router's view of a target is then the *effective* overlap
+``overlap(w) + host_cache_hit_weight x host(w)`` blocks: a placement reports it
+rounded half away from zero, and takes ``round(effective x block_size)``
+tokens as cached (the reference's ``cache_hit_estimates_from_tiered_matches``).
 
 Bookkeeping follows a request: its uncached prompt tokens load the target
 until its prefill completes; its blocks are active on the target until it
@@ -59,13 +67,39 @@ class RouteRequest:
     session: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Overlaps:
+    """What the index shows of a request, per target that holds any of it.
+
+    Attributes:
+        device: its cached leading blocks on the target's GPU.
+        host: the blocks right after those that the target's host tier holds.
+    """
+
+    device: dict[int, int]
+    host: dict[int, int]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Placement:
-    """Where a request goes and what the router saw there."""
+    """Where a request goes and what the router saw there.
+
+    Attributes:
+        overlap_blocks: the effective overlap on the target, rounded.
+        best_overlap_blocks: the largest effective overlap on any target, rounded.
+        cached_tokens: prompt tokens the router counts as cached on the target.
+    """
 
     target: int
     overlap_blocks: int
     best_overlap_blocks: int
+    cached_tokens: int
+
+
+def round_half_away(value: float) -> int:
+    """``value`` (not negative) rounded to the nearest integer, halves up (Rust's ``f64::round``)."""
+    whole = math.floor(value)
+    return whole + 1 if value - whole >= 0.5 else whole
 
 
 @dataclass(slots=True)
@@ -113,9 +147,24 @@ class KvRouter:
         """How many targets it chooses among."""
         return len(self._prefill)
 
-    def overlaps(self, request: RouteRequest) -> dict[int, int]:
-        """Cached leading blocks of the request on each target that holds any."""
-        return self.indexer.overlaps(request.hashes) if self.indexer is not None else {}
+    def overlaps(self, request: RouteRequest) -> Overlaps:
+        """The request's cached blocks on each target that holds any."""
+        indexer = self.indexer
+        if indexer is None:
+            return Overlaps({}, {})
+        device = indexer.overlaps(request.hashes)
+        return Overlaps(device, indexer.host_extensions(request.hashes, device))
+
+    def effective(self, overlaps: Overlaps, target: int) -> float:
+        """The effective overlap (blocks) on ``target``: device blocks, host blocks weighted."""
+        device = overlaps.device.get(target, 0)
+        host = overlaps.host.get(target, 0)
+        return device + self.config.host_cache_hit_weight * host if host else float(device)
+
+    def best_effective(self, overlaps: Overlaps) -> float:
+        """The largest effective overlap on any target (0.0 when none holds any block)."""
+        targets = overlaps.device.keys() | overlaps.host.keys()
+        return max((self.effective(overlaps, t) for t in targets), default=0.0)
 
     def prefill_tokens(self, target: int) -> int:
         """Uncached prompt tokens routed to ``target`` whose prefill has not completed."""
@@ -130,7 +179,7 @@ class KvRouter:
         request: RouteRequest,
         *,
         preferred: int | None = None,
-        overlaps: dict[int, int] | None = None,
+        overlaps: Overlaps | None = None,
     ) -> Placement:
         """The cheapest target for the request (or a sampled one, with a temperature).
 
@@ -144,27 +193,38 @@ class KvRouter:
             target = preferred
         else:
             target = self._choose(self._costs(request, overlaps, self._already_active(request)))
+        effective = self.effective(overlaps, target)
         return Placement(
             target=target,
-            overlap_blocks=overlaps.get(target, 0),
-            best_overlap_blocks=max(overlaps.values(), default=0),
+            overlap_blocks=round_half_away(effective),
+            best_overlap_blocks=round_half_away(self.best_effective(overlaps)),
+            cached_tokens=min(round_half_away(effective * self.block_size), request.isl),
         )
 
     def cost(
-        self, request: RouteRequest, target: int, overlap: int, *, already_active: int | None = None
+        self,
+        request: RouteRequest,
+        target: int,
+        overlap: int,
+        *,
+        host: int = 0,
+        already_active: int | None = None,
     ) -> float:
         """The reference's cost of placing ``request`` on ``target`` (lower is better).
 
-        ``already_active``: how many of the request's blocks are active on the
-        target (worked out when not given). One element of :meth:`_costs`.
+        ``overlap`` device blocks and ``host`` host blocks after them are
+        cached there; ``already_active``: how many of the request's blocks are
+        active on the target (worked out when not given). One element of
+        :meth:`_costs`.
         """
         if already_active is None:
             already_active = self._already_active(request).get(target, 0)
-        costs = self._costs(request, {target: overlap}, {target: already_active})
+        overlaps = Overlaps({target: overlap}, {target: host} if host else {})
+        costs = self._costs(request, overlaps, {target: already_active})
         return float(costs[target])
 
     def _costs(
-        self, request: RouteRequest, overlaps: dict[int, int], active: dict[int, int]
+        self, request: RouteRequest, overlaps: Overlaps, active: dict[int, int]
     ) -> np.ndarray:
         """The reference's cost of every target: prefill load less overlap credit, active
         blocks and requests (see the module docstring), with its float operations in order.
@@ -175,8 +235,8 @@ class KvRouter:
         """
         config, bs, targets = self.config, self.block_size, self.targets
         overlap = np.zeros(targets)
-        if overlaps:
-            overlap[list(overlaps)] = list(overlaps.values())
+        if overlaps.device:
+            overlap[list(overlaps.device)] = list(overlaps.device.values())
         prefill: np.ndarray | float = 0.0
         decay: np.ndarray | float = 1.0
         if config.router_track_prefill_tokens:
@@ -187,6 +247,10 @@ class KvRouter:
                     1.0 + config.overlap_score_credit_decay * excess / max(request.blocks, 1)
                 )
         credit = config.overlap_score_credit * decay * overlap
+        if overlaps.host:
+            host = np.zeros(targets)
+            host[list(overlaps.host)] = list(overlaps.host.values())
+            credit = credit + config.host_cache_hit_weight * host
         uncredited = prefill - credit
         # max(0.0, x) keeps 0.0 unless x > 0.0 (NaN and -0.0 included).
         uncredited = np.where(uncredited > 0.0, uncredited, 0.0)
@@ -211,8 +275,9 @@ class KvRouter:
     def add(self, request: RouteRequest, placement: Placement) -> None:
         """The request was placed: load its target until its prefill completes and it ends."""
         target = placement.target
-        cached = min(placement.overlap_blocks * self.block_size, request.isl)
-        prefill_tokens = request.isl - cached if self.config.router_track_prefill_tokens else 0
+        prefill_tokens = (
+            request.isl - placement.cached_tokens if self.config.router_track_prefill_tokens else 0
+        )
         self._prefill[target] += prefill_tokens
         self._requests[target] += 1
         hashes: list[int] = []

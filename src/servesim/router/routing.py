@@ -13,7 +13,13 @@ from typing import Protocol
 
 from servesim.config import RouterConfig
 from servesim.router.affinity import SessionAffinity
-from servesim.router.kv_router import KvRouter, Placement, RouteRequest
+from servesim.router.kv_router import (
+    KvRouter,
+    Overlaps,
+    Placement,
+    RouteRequest,
+    round_half_away,
+)
 from servesim.router.queue import RouterQueue
 from servesim.router.round_robin import RoundRobinRouter
 
@@ -71,7 +77,7 @@ class RoundRobinPolicy:
 class _Pending:
     request: RouteRequest
     enqueued_ms: float
-    overlaps: dict[int, int]  # cached blocks per target when it entered the queue
+    overlaps: Overlaps  # cached blocks per target when it entered the queue
 
 
 class KvPolicy:
@@ -114,12 +120,13 @@ class KvPolicy:
         queue = self._queue
         if queue is not None and (len(queue) or self._all_busy()):
             overlaps = self.router.overlaps(request)
-            best = max(overlaps.values(), default=0) * self.router.block_size
             queue.push(
                 _Pending(request, now, overlaps),
                 now=now,
                 isl=request.isl,
-                best_cached_tokens=best,
+                best_cached_tokens=round_half_away(
+                    self.router.best_effective(overlaps) * self.router.block_size
+                ),
                 priority=priority,
             )
             return []
@@ -155,7 +162,7 @@ class KvPolicy:
         request: RouteRequest,
         now: float,
         enqueued: float,
-        overlaps: dict[int, int] | None,
+        overlaps: Overlaps | None,
     ) -> Routed:
         affinity = self._affinity
         preferred = affinity.preferred(request.session) if affinity is not None else None

@@ -43,17 +43,22 @@ BlockHash = int
 
 @dataclass(frozen=True, slots=True)
 class KvStored:
-    """Blocks whose hashes became visible, chained after ``parent``."""
+    """Blocks whose hashes became visible, chained after ``parent``.
+
+    ``host``: held by the rank's host tier (a copy stored from the GPU), not its GPU.
+    """
 
     parent: BlockHash | None
     hashes: tuple[BlockHash, ...]
+    host: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class KvRemoved:
-    """Hashes no longer held by any block."""
+    """Hashes no longer held by any block (of the host tier, with ``host``)."""
 
     hashes: tuple[BlockHash, ...]
+    host: bool = False
 
 
 KvEvent = KvStored | KvRemoved

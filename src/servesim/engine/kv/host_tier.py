@@ -17,6 +17,10 @@ the room.
 *prepared* during a pass (its blocks become pending at once) and submitted
 on the lane at the pass end. Completions are taken in (deadline, stores before
 loads, transfer id) order.
+
+**Events.** With an event list, the tier publishes what a KV router may see:
+a block stored (a completed store or disk read) and blocks evicted (when the
+store that needs their room is prepared).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from servesim.config import HostOffloadConfig
+from servesim.engine.kv.block_pool import KvEvent, KvRemoved, KvStored
 
 BlockKey = int
 """A block's sequence hash."""
@@ -89,9 +94,12 @@ class Lane:
 class HostTier:
     """Host KV blocks of one rank, their LRU and the copies under way."""
 
-    def __init__(self, config: HostOffloadConfig, block_bytes: int) -> None:
+    def __init__(
+        self, config: HostOffloadConfig, block_bytes: int, *, events: list[KvEvent] | None = None
+    ) -> None:
         self.capacity = config.num_host_blocks
         self.block_bytes = block_bytes
+        self._events = events
         self._entries: dict[BlockKey, _Entry] = {}
         self._lru: dict[BlockKey, None] = {}  # resident and unpinned, least recent first
         # Bumped whenever a block becomes the most recent; a prompt touched again with
@@ -223,6 +231,8 @@ class HostTier:
         for key in transfer.keys:
             self._entries[key].pending = RESIDENT
         self._touch_cohort(transfer.keys)
+        if self._events is not None:
+            self._events.append(KvStored(None, tuple(transfer.keys), host=True))
 
     def cancel_external(self, tid: int) -> None:
         """Drop a reservation whose disk read could not be submitted."""
@@ -262,6 +272,8 @@ class HostTier:
         for key in victims:
             del self._lru[key]
             del self._entries[key]
+        if self._events is not None:
+            self._events.append(KvRemoved(tuple(victims), host=True))
         return True
 
     # ----- loads -----
@@ -294,11 +306,15 @@ class HostTier:
             transfer = self._transfers.pop(tid)
             done.append(transfer)
             if transfer.kind is Kind.STORE:
+                stored = []
                 for key in transfer.keys:
                     entry = self._entries.get(key)
                     if entry is not None and entry.pending == tid:
                         entry.pending = RESIDENT
+                        stored.append(key)
                 self._touch_cohort(transfer.keys)
+                if self._events is not None and stored:
+                    self._events.append(KvStored(None, tuple(stored), host=True))
             else:
                 unpinned = []
                 for key in transfer.keys:
