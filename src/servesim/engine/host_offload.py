@@ -180,17 +180,11 @@ class HostOffload:
         ):
             outcome = (Lookup.DEFERRED, [])
         elif g1_blocks < len(keys):
-            matched, deferred = 0, False
-            for key in keys[g1_blocks:]:
-                found = tier.lookup(key)
-                if found is Residency.MISS:
-                    break
-                deferred |= found is Residency.PENDING or key in self._loading_keys
-                matched += 1
-            if matched and deferred:
+            run, deferred = tier.run_from(keys, g1_blocks)
+            if run and (deferred or self.loading_any(run)):
                 outcome = (Lookup.DEFERRED, [])
-            elif matched:
-                outcome = (Lookup.HIT, keys[g1_blocks : g1_blocks + matched])
+            elif run:
+                outcome = (Lookup.HIT, run)
         tier.touch_prompt(keys)
         return outcome
 
@@ -246,7 +240,7 @@ class HostOffload:
 
     def loading_any(self, keys: list[BlockKey]) -> bool:
         """Whether another request's load is copying one of these blocks."""
-        return any(key in self._loading_keys for key in keys)
+        return not self._loading_keys.keys().isdisjoint(keys)
 
     def start_load(
         self,
@@ -301,7 +295,7 @@ class HostOffload:
         if end <= start:
             return
         tier = self.tier
-        missing = [i for i in range(start, end) if tier.lookup(keys[i]) is Residency.MISS]
+        missing = tier.absent(keys, start, end)
         if not missing:
             state.next_store = end
             return

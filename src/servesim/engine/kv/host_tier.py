@@ -122,6 +122,24 @@ class HostTier:
             return Residency.MISS
         return Residency.HIT if entry.pending == RESIDENT else Residency.PENDING
 
+    def run_from(self, keys: list[BlockKey], start: int) -> tuple[list[BlockKey], bool]:
+        """The blocks of ``keys`` from ``start`` on host, up to the first absent one, and
+        whether any of them is still pending."""
+        entries = self._entries
+        end, pending = start, False
+        for key in keys[start:]:
+            entry = entries.get(key)
+            if entry is None:
+                break
+            pending |= entry.pending != RESIDENT
+            end += 1
+        return keys[start:end], pending
+
+    def absent(self, keys: list[BlockKey], start: int, end: int) -> list[int]:
+        """Indices in ``start..end`` of the blocks of ``keys`` not on host (nor on their way)."""
+        entries = self._entries
+        return [i for i in range(start, end) if keys[i] not in entries]
+
     def in_flight(self, tid: int) -> bool:
         """Whether a transfer is prepared or under way."""
         return tid in self._transfers
