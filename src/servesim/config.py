@@ -671,11 +671,6 @@ def _check_offload(values: dict[str, Any], source: str) -> None:
         )
     if not values.get("enable_prefix_caching", True):
         raise ConfigError(f"{source}: native_host_offload requires enable_prefix_caching=true")
-    if values["worker_type"] is not Role.AGGREGATED:
-        raise ConfigError(
-            f"{source}: native_host_offload is simulated on aggregated workers only "
-            "(servesim does not model host tiers on prefill or decode workers yet)"
-        )
     if values.get("aic_nextn") is not None:
         raise ConfigError(
             f"{source}: native_host_offload cannot be combined with aic_nextn "
@@ -684,6 +679,10 @@ def _check_offload(values: dict[str, Any], source: str) -> None:
     values["native_host_offload"] = HostOffloadConfig(**host)
     if disk is None:
         return
+    if values["worker_type"] is not Role.AGGREGATED:
+        raise ConfigError(
+            f"{source}: g3_offload is supported only for worker_type=aggregated, as in the reference"
+        )
     if values.get("dp_size", 1) != 1:
         raise ConfigError(f"{source}: g3_offload supports only dp_size=1, as in the reference")
     values["g3_offload"] = DiskOffloadConfig(**disk)

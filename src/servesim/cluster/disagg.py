@@ -170,13 +170,20 @@ class DisaggregatedFlow:
                 record.decode_admit_ms = now
                 if handoff.coordinator.phase is HandoffPhase.READY_DECODE:
                     handoff.coordinator.decode_admitted()
+            else:
+                # Re-admitted after a preemption on the decode rank, reusing cached KV.
+                record.decode_reused = max(record.decode_reused or 0, reused)
         if pool.stage is Stage.PREFILL:
             self._observe(worker, now)
 
     def on_own_work(self, pool: Pool, worker: Worker, now: float) -> None:
-        """See :class:`~servesim.cluster.runtime.Flow`: the prefill pool's KV events."""
+        """See :class:`~servesim.cluster.runtime.Flow`: the prefill pool's KV events; on a
+        decode worker, a completed copy may admit a reservation refused while it ran."""
         if pool.stage is Stage.PREFILL:
             self._observe(worker, now)
+            return
+        for rank in worker.ranks:
+            self._grant(rank.role.retry(), now)
 
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""

@@ -312,6 +312,10 @@ class HostOffload:
         state.next_store = end
         tier.touch_prompt(keys)
 
+    def copying_any(self, blocks: list[int]) -> bool:
+        """Whether a store to host is still reading one of these GPU blocks."""
+        return not self._copying.keys().isdisjoint(blocks)
+
     def fence_blocks(self, blocks: list[int]) -> None:
         """New tokens go into ``blocks``: compute waits for the stores still reading them."""
         copying = self._copying

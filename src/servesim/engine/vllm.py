@@ -232,11 +232,18 @@ class VllmScheduler:
             if -(-self._footprint(request) // bs) > self._no_evict_room():
                 return None
         elif self._caching:
+            if self._offload is not None:
+                request.named_blocks = ALL_BLOCKS  # its prompt blocks may be stored to host
             limit = min(request.prompt_len // bs, request.named_blocks)
             self._ensure_hashes(request, limit)
             hits, _ = self.pool.match_prefix(request.hashes, limit)
         fresh = -(-request.prompt_len // bs) - hits
         if not self.pool.allocate(request.blocks, request.hashes[:hits], fresh):
+            return None
+        if self._offload is not None and self._offload.copying_any(request.blocks[hits:]):
+            # Never receive KV into blocks a store to host is still reading: retried
+            # when a transfer completes.
+            self.release_kv(request)
             return None
         request.pending_cached = hits * bs
         return hits * bs, fresh * bs
@@ -252,6 +259,8 @@ class VllmScheduler:
         full = request.prompt_len // self.block_size
         if self._caching and full:
             self._cache_blocks(request, request.pending_cached // self.block_size, full)
+        if self._offload is not None:
+            self._offload.track(request, request.hashes[:full])
         request.pending_cached = 0
         request.status = Status.WAITING
         mine = order[request.uid]
@@ -606,7 +615,23 @@ class VllmScheduler:
         running, result, bs = self.running, self._result, self.block_size
         reserved = sum(self._prefill_reservation(r) for r in running)
         reserved += offload.unreserved_tails()
+        decode_rank = isinstance(self.role, DestinationRole)
         while not result.preempted and len(running) < self._max_seqs and self._budget > 0:
+            # On a decode rank, a request whose KV arrived goes before anything else.
+            prebuilt = (
+                next((r for r in self.waiting if r.blocks and r.num_computed), None)
+                if decode_rank
+                else None
+            )
+            if prebuilt is not None:
+                # Admitted as it is: its whole prompt is there, nothing to look up.
+                prebuilt.pending_cached = 0
+                if self._schedule(prebuilt, from_waiting=True) is not _Outcome.SCHEDULED:
+                    return
+                prebuilt.host_reused = offload.on_admitted(prebuilt, 0)
+                continue
+            if decode_rank and not self._may_admit_others():
+                return
             awake = [r for r in self._connector if r not in self._asleep]
             request = awake[0] if awake else None
             if awake and offload.disk is not None:
@@ -615,7 +640,9 @@ class VllmScheduler:
             if request is None:
                 if not self.waiting:
                     return
-                request = self.waiting[0]
+                request = self._waiting_head()
+                if request is None:
+                    return
             before = self._prefill_reservation(request)
             # A prompt too long for the model is rejected before the lookup; one too
             # big for the KV cache after it (its lookup touches host recency), as the
@@ -721,6 +748,7 @@ class VllmScheduler:
                 )
         if progressed:
             self._asleep.clear()
+            self.role.capacity_changed()  # a destination refused for a copy under way retries
 
     def _waiting_head(self) -> EngineRequest | None:
         """The next request to admit (None: admit nothing more this pass).
@@ -747,6 +775,16 @@ class VllmScheduler:
         if prebuilt is None or prebuilt is head or not stuck or self._admission(head) is not None:
             return head
         return prebuilt
+
+    def _may_admit_others(self) -> bool:
+        """On a decode rank: whether a request other than a prebuilt one may be admitted.
+
+        Not while destination reservations wait, unless the rank is stuck (nothing
+        running, nothing in transfer), as :meth:`_waiting_head` decides.
+        """
+        destination = self.role
+        assert isinstance(destination, DestinationRole)
+        return not destination.pending or (not self.running and not destination.in_transfer)
 
     def _admission(self, request: EngineRequest) -> int | None:
         """Cached prefix tokens to reuse if the request can be admitted now.

@@ -100,7 +100,10 @@ def summarize(collector: Collector, *, cost: Cost, sla: Sla, wall_time_ms: float
             + cost.decode_worker_seconds * cost.decode_gpus_per_worker
         )
         / 3600.0,
-        "prefix_cache_reused_ratio": sum(r.reused for r in done) / total_in if total_in else 0.0,
+        # A request's reuse: its best admission, a re-admission on a decode rank included.
+        "prefix_cache_reused_ratio": (
+            sum(max(r.reused, r.decode_reused or 0) for r in done) / total_in if total_in else 0.0
+        ),
         "first_admission_prefix_cache_reused_ratio": (
             sum(r.first_reused for r in done) / total_in if total_in else 0.0
         ),
