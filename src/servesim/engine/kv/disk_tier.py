@@ -27,6 +27,7 @@ from enum import IntEnum
 from typing import Any
 
 from servesim.config import DiskOffloadConfig
+from servesim.engine.kv.fair_transfers import FairTransfers, bytes_per_ms
 
 
 class Direction(IntEnum):
@@ -61,8 +62,6 @@ class Job:
     direction: Direction
     keys: list[int]
     submitted: float
-    ready: float
-    remaining: float
 
 
 @dataclass(slots=True)
@@ -101,18 +100,28 @@ class DiskTier:
         self.block_bytes = block_bytes
         self._shared = config.scope == "cluster_shared"
         self._entries: dict[tuple[int, int], _Entry] = {}  # (pool, key)
-        self._jobs: list[Job] = []  # in submission order
+        self._jobs: dict[int, Job] = {}  # under way, in submission order
         self._completed: dict[int, list[tuple[Job, float]]] = {}
         self.now = 0.0
         self._ordinal = 0
         self.completion_epoch = 0
         """Completions so far, on any worker (a waiter on another worker's write retries)."""
         self._stats = _Stats()
-        bandwidths = (
-            (config.read_bandwidth_gbps, config.shared_read_bandwidth_gbps),
-            (config.write_bandwidth_gbps, config.shared_write_bandwidth_gbps),
+        # Per direction: each worker's bandwidth, shared by its jobs; a shared pool's
+        # bandwidth is shared by every job too.
+        self._worker_rates = (
+            bytes_per_ms(config.read_bandwidth_gbps),
+            bytes_per_ms(config.write_bandwidth_gbps),
         )
-        self._bandwidths = tuple((w * 1e6, s * 1e6) for w, s in bandwidths)
+        shared = (
+            (
+                bytes_per_ms(config.shared_read_bandwidth_gbps),
+                bytes_per_ms(config.shared_write_bandwidth_gbps),
+            )
+            if self._shared
+            else (math.inf, math.inf)
+        )
+        self._transfers = FairTransfers(shared)
 
     # ----- lookups -----
 
@@ -173,52 +182,21 @@ class DiskTier:
                 entries[pool, key].pins += 1
         self._ordinal += 1
         self._stats.io[direction].submitted_jobs += 1
-        job = Job(
-            self._ordinal,
+        job = Job(self._ordinal, worker, direction, keys, self.now)
+        self._jobs[job.jid] = job
+        self._transfers.submit(
+            job.jid,
             worker,
             direction,
-            keys,
-            self.now,
+            self._worker_rates[direction],
             self.now + self.config.latency_to_first_byte_ms,
             float(len(keys) * self.block_bytes),
         )
-        self._jobs.append(job)
         return job
-
-    def _rates(self) -> list[float]:
-        """Each job's current rate in bytes/ms (0 while it waits for its first byte)."""
-        now, jobs = self.now, self._jobs
-        total = [0, 0]
-        local: dict[tuple[int, int], int] = {}
-        for job in jobs:
-            if job.ready <= now:
-                total[job.direction] += 1
-                key = (job.worker, job.direction)
-                local[key] = local.get(key, 0) + 1
-        rates = []
-        for job in jobs:
-            if job.ready > now:
-                rates.append(0.0)
-                continue
-            worker_bw, shared_bw = self._bandwidths[job.direction]
-            rate = math.inf if worker_bw == 0 else worker_bw / local[job.worker, job.direction]
-            if self._shared:
-                rate = min(rate, math.inf if shared_bw == 0 else shared_bw / total[job.direction])
-            rates.append(rate)
-        return rates
-
-    def _event_times(self, rates: list[float]) -> list[float]:
-        now = self.now
-        return [
-            job.ready if job.ready > now else now + job.remaining / rate
-            for job, rate in zip(self._jobs, rates, strict=True)
-        ]
 
     def next_event(self) -> float:
         """When the next job starts moving bytes or completes (``math.inf`` if none)."""
-        if not self._jobs:
-            return math.inf
-        return min(self._event_times(self._rates()))
+        return self._transfers.next_event()
 
     def next_deadline(self, worker: int) -> float:
         """When the worker next has something to take: any job's event, or its completions."""
@@ -227,28 +205,10 @@ class DiskTier:
 
     def advance(self, target: float) -> None:
         """Move the tier's clock to ``target``, completing the jobs due by then."""
-        target = max(target, self.now)
-        while True:
-            rates = self._rates()
-            times = self._event_times(rates)
-            event = min(times, default=math.inf)
-            step = min(event, target)
-            elapsed = step - self.now
-            for job, rate, at in zip(self._jobs, rates, times, strict=True):
-                if job.ready <= self.now:
-                    job.remaining = 0.0 if at <= step else max(0.0, job.remaining - elapsed * rate)
-            self.now = step
-            finished = [j for j in self._jobs if j.ready <= step and j.remaining == 0.0]
-            if finished:
-                self._jobs = [j for j in self._jobs if not (j.ready <= step and j.remaining == 0.0)]
-                for job in finished:
-                    self._finish(job)
-            if event > target:
-                return
-            if step == target and not finished:
-                rates = self._rates()
-                if all(t > target for t in self._event_times(rates)):
-                    return
+        for jid, at in self._transfers.advance(max(target, self.now)):
+            self.now = at
+            self._finish(self._jobs.pop(jid))
+        self.now = self._transfers.now
 
     def _finish(self, job: Job) -> None:
         self.completion_epoch += 1
@@ -278,7 +238,9 @@ class DiskTier:
 
     def has_work(self, worker: int) -> bool:
         """Whether the worker has jobs under way or completions to take."""
-        return bool(self._completed.get(worker)) or any(j.worker == worker for j in self._jobs)
+        return bool(self._completed.get(worker)) or any(
+            j.worker == worker for j in self._jobs.values()
+        )
 
     def check(self) -> None:
         """Assert the tier's invariants: pools within capacity, pins matching the reads
@@ -289,7 +251,7 @@ class DiskTier:
         assert all(n <= self.config.num_g3_blocks for n in used.values()), "disk pool over capacity"
         pins: dict[tuple[int, int], int] = {}
         writing: set[tuple[int, int]] = set()
-        for job in self._jobs:
+        for job in self._jobs.values():
             for key in job.keys:
                 identity = (self._pool(job.worker), key)
                 assert identity in self._entries, (
