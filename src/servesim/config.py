@@ -241,12 +241,18 @@ _U32 = (1 << 32) - 1
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HostOffloadConfig:
     """``native_host_offload``: a host-memory (G2) KV tier per DP rank, vLLM's
-    ``OffloadingConnector`` CPU path. Bandwidths in GB/s (0 = instant)."""
+    ``OffloadingConnector`` CPU path, or (``cluster_shared``) one tier for every rank
+    of the deployment, named by ``kv_layout_id``. Bandwidths in GB/s (0 = instant):
+    each rank's own links, and a shared tier's caps over all its copies."""
 
     num_host_blocks: int
     d2h_bandwidth_gbps: float = 32.0
     h2d_bandwidth_gbps: float = 32.0
     latency_to_first_byte_ms: float = 0.0
+    scope: str = "dp_rank_local"
+    kv_layout_id: str | None = None
+    shared_d2h_bandwidth_gbps: float = 80.0
+    shared_h2d_bandwidth_gbps: float = 80.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -265,15 +271,30 @@ class DiskOffloadConfig:
     shared_write_bandwidth_gbps: float = 80.0
 
 
+def _host_scope(key: str, value: Any) -> Any:
+    if value == "worker_local":
+        raise ConfigError(
+            f"'{key}': worker_local is a g3_offload scope; use dp_rank_local for a host tier "
+            "per DP rank (or cluster_shared for one per deployment)"
+        )
+    return _choice("dp_rank_local", "cluster_shared", lowercase=False)(key, value)
+
+
+def _text(key: str, value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ConfigError(f"'{key}' must be a string, got {value!r}")
+    return value
+
+
 _HOST_OFFLOAD_KEYS: KeyTable = {
     "num_host_blocks": ("num_host_blocks", _int(1), None),
     "d2h_bandwidth_gbps": ("d2h_bandwidth_gbps", _float(0.0), 32.0),
     "h2d_bandwidth_gbps": ("h2d_bandwidth_gbps", _float(0.0), 32.0),
     "latency_to_first_byte_ms": ("latency_to_first_byte_ms", _float(0.0), 0.0),
-    "scope": (None, _only("dp_rank_local", "a host tier shared by the cluster"), "dp_rank_local"),
-    "kv_layout_id": (None, _only(None, "a host tier shared by the cluster"), None),
-    "shared_d2h_bandwidth_gbps": (None, _only(None, "a host tier shared by the cluster"), None),
-    "shared_h2d_bandwidth_gbps": (None, _only(None, "a host tier shared by the cluster"), None),
+    "scope": ("scope", _host_scope, "dp_rank_local"),
+    "kv_layout_id": ("kv_layout_id", _text, None),
+    "shared_d2h_bandwidth_gbps": ("shared_d2h_bandwidth_gbps", _float(0.0), 80.0),
+    "shared_h2d_bandwidth_gbps": ("shared_h2d_bandwidth_gbps", _float(0.0), 80.0),
 }
 
 _HOST_OFFLOAD_KEY_MEANINGS = {
@@ -281,10 +302,10 @@ _HOST_OFFLOAD_KEY_MEANINGS = {
     "d2h_bandwidth_gbps": "GPU-to-host copy bandwidth, GB/s (0: instant)",
     "h2d_bandwidth_gbps": "host-to-GPU copy bandwidth, GB/s (0: instant)",
     "latency_to_first_byte_ms": "delay before a copy's bytes start moving",
-    "scope": f"dp_rank_local: one host tier per DP rank; cluster_shared is {_NOT_YET_TEXT}",
-    "kv_layout_id": f"names the layout of a cluster-shared host tier; {_NOT_YET_TEXT}",
-    "shared_d2h_bandwidth_gbps": f"cluster-shared host tier bandwidth; {_NOT_YET_TEXT}",
-    "shared_h2d_bandwidth_gbps": f"cluster-shared host tier bandwidth; {_NOT_YET_TEXT}",
+    "scope": "dp_rank_local: one host tier per DP rank; cluster_shared: one per deployment",
+    "kv_layout_id": "names a cluster-shared host tier (required with cluster_shared)",
+    "shared_d2h_bandwidth_gbps": "a cluster-shared tier's GPU-to-host cap over all copies, GB/s",
+    "shared_h2d_bandwidth_gbps": "a cluster-shared tier's host-to-GPU cap over all copies, GB/s",
 }
 
 _DISK_OFFLOAD_KEYS: KeyTable = {
@@ -676,9 +697,17 @@ def _check_offload(values: dict[str, Any], source: str) -> None:
             f"{source}: native_host_offload cannot be combined with aic_nextn "
             "(speculative decoding), as in the reference"
         )
-    values["native_host_offload"] = HostOffloadConfig(**host)
+    host_config = values["native_host_offload"] = HostOffloadConfig(**host)
+    if host_config.scope == "cluster_shared" and not host_config.kv_layout_id:
+        raise ConfigError(
+            f"{source}: cluster_shared native_host_offload requires a nonempty kv_layout_id"
+        )
     if disk is None:
         return
+    if host_config.scope == "cluster_shared":
+        raise ConfigError(
+            f"{source}: g3_offload under a cluster_shared host tier is not simulated yet"
+        )
     if values["worker_type"] is not Role.AGGREGATED:
         raise ConfigError(
             f"{source}: g3_offload is supported only for worker_type=aggregated, as in the reference"

@@ -16,6 +16,7 @@ from servesim.cluster.flows import AggregatedFlow, KvObserver
 from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, Stage
 from servesim.config import Backend, EngineConfig, RouterConfig
 from servesim.engine.kv.disk_tier import DiskTier
+from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.collector import Collector, RequestRecord
@@ -197,7 +198,8 @@ def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report
     if engine.g3_offload is not None:
         assert engine.kv_cache_bytes_per_token is not None
         disk = DiskTier(engine.g3_offload, engine.block_size * engine.kv_cache_bytes_per_token)
-    flow, cost_of = _flow(config, ledger, completions, disk)
+    shared_host = _shared_host_tier(config)
+    flow, cost_of = _flow(config, ledger, completions, disk, shared_host)
     runtime = Runtime(flow, admission, ledger, completions)
     started = time.perf_counter()
     outcome = runtime.run(config.max_sim_time_ms)
@@ -206,6 +208,8 @@ def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report
     summary = summarize(collector, cost=cost, sla=config.sla, wall_time_ms=wall_ms)
     if disk is not None:
         summary["g3_offload"] = disk.summary()
+    if shared_host is not None:
+        summary["g2_domains"] = [shared_host.occupancy()]
     return Report(summary=summary, records=collector.records, time_limited=outcome.time_limited)
 
 
@@ -253,20 +257,98 @@ def _validate(config: RunConfig) -> None:
 CostOf = Callable[[dict[Stage, float]], Cost]
 
 
+def _shared_host_tier(config: RunConfig) -> HostTier | None:
+    """The deployment's cluster-shared host tier, if any engine selects one.
+
+    Every engine that joins it must agree on its contract (layout id, block
+    size and bytes, capacity, shared bandwidths), as the reference requires;
+    their own link rates may differ.
+    """
+    engines = (
+        [config.prefill_engine, config.decode_engine] if config.disaggregated else [config.engine]
+    )
+    joining = [
+        e
+        for e in engines
+        if e is not None
+        and e.native_host_offload is not None
+        and e.native_host_offload.scope == "cluster_shared"
+    ]
+    if not joining:
+        return None
+    contracts = [_host_contract(e) for e in joining]
+    for other in contracts[1:]:
+        if other != contracts[0]:
+            raise ConfigError(
+                "cluster_shared host_offload participants are incompatible: "
+                f"{_describe(contracts[0])} vs {_describe(other)}"
+            )
+    first = joining[0]
+    assert first.native_host_offload is not None and first.kv_cache_bytes_per_token is not None
+    return HostTier(first.native_host_offload, first.block_size * first.kv_cache_bytes_per_token)
+
+
+def _host_contract(engine: EngineConfig) -> dict[str, object]:
+    host = engine.native_host_offload
+    assert host is not None and engine.kv_cache_bytes_per_token is not None
+    return {
+        "kv_layout_id": host.kv_layout_id,
+        "block_size": engine.block_size,
+        "block_bytes": engine.block_size * engine.kv_cache_bytes_per_token,
+        "capacity_blocks": host.num_host_blocks,
+        "shared_d2h_bandwidth_gbps": host.shared_d2h_bandwidth_gbps,
+        "shared_h2d_bandwidth_gbps": host.shared_h2d_bandwidth_gbps,
+    }
+
+
+def _describe(contract: dict[str, object]) -> str:
+    return "{" + ", ".join(f"{k}: {v!r}" for k, v in contract.items()) + "}"
+
+
+class _Clients:
+    """Numbers the ranks that join a shared host tier, in the order their workers are built."""
+
+    def __init__(self, tier: HostTier | None) -> None:
+        self._tier = tier
+        self._next = 0
+
+    def joined(self, engine: EngineConfig) -> bool:
+        """Whether workers of this engine join the shared tier."""
+        host = engine.native_host_offload
+        return self._tier is not None and host is not None and host.scope == "cluster_shared"
+
+    def of(self, engine: EngineConfig) -> tuple[HostTier, int] | None:
+        """The tier and the first client number of a new worker's ranks (None: it does not join)."""
+        if self._tier is None or not self.joined(engine):
+            return None
+        first = self._next
+        self._next += engine.dp_size
+        return self._tier, first
+
+
 def _flow(
     config: RunConfig,
     ledger: Ledger,
     completions: list[tuple[float, int, int]],
     disk: DiskTier | None,
+    shared_host: HostTier | None,
 ) -> tuple[Flow, CostOf]:
     """The flow the config asks for, and how to price its worker-seconds (``disk``: the
     deployment's disk KV tier, under its aggregated workers' host tiers)."""
     fast = not config.exact_passes
+    clients = _Clients(shared_host)
     if not config.disaggregated:
         engine = config.engine
         kv = config.router_mode == "kv_router"
         workers = [
-            Worker(i, engine, fast_forward=fast, kv_events=kv, disk=disk)
+            Worker(
+                i,
+                engine,
+                fast_forward=fast,
+                kv_events=kv,
+                disk=disk,
+                shared_host=clients.of(engine),
+            )
             for i in range(config.num_workers)
         ]
         pool = Pool(Stage.AGGREGATED, workers, completions)
@@ -293,6 +375,9 @@ def _flow(
             if indexer is not None
             else None
         )
+        if observer is not None and clients.joined(engine):
+            assert shared_host is not None
+            observer.follow(shared_host, list(range(config.num_workers * engine.dp_size)))
         flow: Flow = AggregatedFlow(
             pool, policy, ledger, block_size=engine.block_size, observer=observer
         )
@@ -306,14 +391,17 @@ def _flow(
     prefill_pool = Pool(
         Stage.PREFILL,
         [
-            Worker(i, prefill, fast_forward=fast, kv_events=kv)
+            Worker(i, prefill, fast_forward=fast, kv_events=kv, shared_host=clients.of(prefill))
             for i in range(config.num_prefill_workers)
         ],
         completions,
     )
     decode_pool = Pool(
         Stage.DECODE,
-        [Worker(i, decode, fast_forward=fast) for i in range(config.num_decode_workers)],
+        [
+            Worker(i, decode, fast_forward=fast, shared_host=clients.of(decode))
+            for i in range(config.num_decode_workers)
+        ],
         completions,
     )
     indexer = KvIndexer() if kv else None
@@ -363,6 +451,9 @@ def _flow(
         if indexer is not None
         else None
     )
+    if observer is not None and clients.joined(prefill):
+        assert shared_host is not None
+        observer.follow(shared_host, list(range(config.num_prefill_workers * prefill.dp_size)))
     # Imported here: the handoff machinery is a fifth of servesim's import time, and an
     # aggregated replay (most of a sweep's short runs) never needs it.
     from servesim.cluster.disagg import DisaggregatedFlow

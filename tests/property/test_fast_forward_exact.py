@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servesim.config import Backend, EngineConfig, HostOffloadConfig
+from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.worker import Worker
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
 from servesim.workload.sharing import mark_shared_blocks
@@ -65,7 +66,20 @@ def replay(
     sessions = build(sessions_spec)
     if fast:
         mark_shared_blocks(sessions, config.block_size)
-    pool = [Worker(i, config, fast_forward=fast, kv_events=kv_router) for i in range(workers)]
+    host = config.native_host_offload
+    tier = None
+    if host is not None and host.scope == "cluster_shared":
+        tier = HostTier(host, config.block_size * (config.kv_cache_bytes_per_token or 0))
+    pool = [
+        Worker(
+            i,
+            config,
+            fast_forward=fast,
+            kv_events=kv_router,
+            shared_host=None if tier is None else (tier, i * config.dp_size),
+        )
+        for i in range(workers)
+    ]
     collector, _ = replay_aggregated(
         sessions, config, pool, concurrency=concurrency, max_sim_time_ms=cap, kv_router=kv_router
     )
@@ -111,6 +125,7 @@ def same(a: object, b: object) -> bool:
     cap=st.one_of(st.none(), st.floats(50, 2000, allow_nan=False)),
     backend=st.sampled_from(list(Backend)),
     host_blocks=st.one_of(st.none(), st.integers(1, 40)),
+    host_shared=st.booleans(),
     kv_router=st.booleans(),
 )
 def test_fast_forward_records_equal_exact_passes(
@@ -123,20 +138,28 @@ def test_fast_forward_records_equal_exact_passes(
     cap: float | None,
     backend: Backend,
     host_blocks: int | None,
+    host_shared: bool,
     kv_router: bool,
 ) -> None:
     """Every request's times, tokens, reuse, placement and status agree in both modes, and
     so do the token-gap statistics (ITL and per-user rate: count, extremes, moments, percentiles).
 
     vLLM ranks may have a host KV tier (``host_blocks``), with copies slow enough to
-    overlap decode stretches (a 4-token block is 1 MB; 0.5 GB/s out, 2 GB/s back). With
+    overlap decode stretches (a 4-token block is 1 MB; 0.5 GB/s out, 2 GB/s back), each
+    rank's own or one the deployment shares (``host_shared``: copies share its bandwidth). With
     ``kv_router`` the KV router places requests from the KV events both modes publish
     (a window's evictions, scheduled, must show when stepping shows them).
     """
     host = None
     if host_blocks is not None and backend is Backend.VLLM:
         host = HostOffloadConfig(
-            num_host_blocks=host_blocks, d2h_bandwidth_gbps=0.5, h2d_bandwidth_gbps=2.0
+            num_host_blocks=host_blocks,
+            d2h_bandwidth_gbps=0.5,
+            h2d_bandwidth_gbps=2.0,
+            scope="cluster_shared" if host_shared else "dp_rank_local",
+            kv_layout_id="L",
+            shared_d2h_bandwidth_gbps=0.8,
+            shared_h2d_bandwidth_gbps=3.0,
         )
     config = EngineConfig(
         backend=backend,

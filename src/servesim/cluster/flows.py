@@ -7,6 +7,7 @@ import math
 
 from servesim.cluster.runtime import Ledger, Pool
 from servesim.engine.kv.block_pool import KvEvent, KvRemoved
+from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.request import EngineRequest, Status
 from servesim.engine.worker import PassOutputs, ScheduledRemoval, Worker
 from servesim.metrics.collector import RequestRecord, Terminal
@@ -46,6 +47,9 @@ class KvObserver:
     before the router reads the index.
     With ``lag_ms`` (``--kv-event-lag-ms``) every event reaches the index that
     much later: it is held until then, in the order it was published.
+
+    A cluster-shared host tier's events (:meth:`follow`) come from the tier's
+    own feed, time-stamped, and count for every target that joined it.
     """
 
     def __init__(self, indexer: KvIndexer, dp_size: int, *, lag_ms: float = 0.0) -> None:
@@ -58,6 +62,12 @@ class KvObserver:
         ] = []
         self._seq = 0
         self._workers: dict[int, Worker] = {}
+        self._shared: list[tuple[HostTier, list[int]]] = []
+
+    def follow(self, tier: HostTier, targets: list[int]) -> None:
+        """Show the index a shared host tier's blocks on each of ``targets``."""
+        tier.feed = []
+        self._shared.append((tier, targets))
 
     def observe(self, worker: Worker, now: float) -> None:
         """Apply the worker's recorded events (or hold them back); schedule its window's removals."""
@@ -74,6 +84,17 @@ class KvObserver:
     def catch_up(self, now: float) -> None:
         """Apply the scheduled removals of passes that ended by ``now`` (plus the lag),
         and the events held back until ``now`` or earlier."""
+        for tier, targets in self._shared:
+            tier.progress(now)
+            feed = tier.feed
+            assert feed is not None
+            for at, event in feed:
+                for target in targets:
+                    if self._lag:
+                        self._push(at + self._lag, -1, (target, [event]))
+                    else:
+                        self.indexer.apply(target, [event])
+            feed.clear()
         due = self._due
         while due and due[0][0] <= now:
             _, _, _, worker_id, item = heapq.heappop(due)

@@ -215,6 +215,13 @@ class Runtime:
         self._own_work = any(
             w.config.native_host_offload is not None for p in flow.pools for w in p.workers
         )
+        # A shared host tier: any copy submitted may change every idle worker's deadline.
+        self._shared_own_work = any(
+            w.config.native_host_offload is not None
+            and w.config.native_host_offload.scope == "cluster_shared"
+            for p in flow.pools
+            for w in p.workers
+        )
         self._deadlines: list[tuple[float, int, int]] = []
         self._wakes: dict[tuple[int, int], float] = {}
 
@@ -279,6 +286,11 @@ class Runtime:
             if any(pool.wakeable for pool in pools):
                 changed |= self._start_passes(now)
             if not changed:
+                if self._shared_own_work:
+                    for pool in pools:
+                        for worker_id, worker in enumerate(pool.workers):
+                            if not worker.busy:
+                                self._watch_own_work(pool, worker_id)
                 return
 
     def _apply_completions(self, now: float) -> bool:

@@ -23,6 +23,12 @@ adapter at three points of a pass, as the reference's vLLM core asks its
 Transfers complete at pass boundaries, or at their own deadline while the
 rank is idle (the worker's engine-owned deadlines).
 
+**Shared tier** (``scope: cluster_shared``): the rank is one client of the
+deployment's tier. A store then *holds* its GPU source blocks (a reference
+that keeps them active) until its copy completes, instead of tagging them; so
+nothing is fenced. A copy completing on any client wakes this rank's
+deferred requests.
+
 **Disk tier** (optional, :mod:`servesim.engine.kv.disk_tier`): a completed
 store is written on to disk, its host blocks pinned until the write ends; a
 lookup first walks the run after the GPU hit and, for blocks the host lacks
@@ -37,7 +43,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from servesim.config import HostOffloadConfig
-from servesim.engine.kv.block_pool import KvEvent
+from servesim.engine.kv.block_pool import BlockPool, KvEvent
 from servesim.engine.kv.disk_tier import Direction, DiskTier, Probe
 from servesim.engine.kv.host_tier import BlockKey, HostTier, Kind, Residency
 from servesim.engine.request import EngineRequest
@@ -88,7 +94,13 @@ class HostOffload:
         events: list[KvEvent] | None = None,
     ) -> None:
         self.block_size = block_size
+        self.config = config
         self.tier = HostTier(config, block_size * bytes_per_token, events=events)
+        self._client = 0
+        # With a shared tier: the rank's GPU pool, and the source blocks each store holds.
+        self._gpu: BlockPool | None = None
+        self._held: dict[int, list[int]] = {}
+        self._seen_copies = 0
         self.disk: DiskTier | None = None
         self._worker = 0
         self._reads: dict[int, list[int]] = {}  # disk read job -> host reservations it fills
@@ -104,6 +116,13 @@ class HostOffload:
         self._store_blocks: dict[int, list[int]] = {}
         self.fence = 0.0
         """No pass computes before this: it reuses GPU blocks whose copy ends then."""
+
+    def attach_shared(self, tier: HostTier, client: int, gpu: BlockPool) -> None:
+        """Use the deployment's shared host tier as its client ``client``; stores hold
+        their source blocks in ``gpu``."""
+        assert tier.shared
+        tier.join(client, self.config)
+        self.tier, self._client, self._gpu = tier, client, gpu
 
     def attach_disk(self, disk: DiskTier, worker: int) -> None:
         """Put the deployment's disk tier under this host tier; ``worker`` names its pool."""
@@ -134,7 +153,8 @@ class HostOffload:
         """No copy is under way and no GPU block is being read by one."""
         return (
             not self._copying
-            and math.isinf(self.tier.next_deadline())
+            and not self._held
+            and not self.tier.busy()
             and (self.disk is None or not self.disk.has_work(self._worker))
         )
 
@@ -255,7 +275,7 @@ class HostOffload:
             tid = self._copying.get(block)
             if tid is not None:
                 not_before = max(not_before, self.tier.deadline(tid))
-        transfer = self.tier.schedule_load(keys, request.uid, not_before)
+        transfer = self.tier.schedule_load(keys, request.uid, not_before, self._client)
         for key in keys:
             self._loading_keys[key] = transfer.tid
         self._loads[transfer.tid] = request
@@ -281,7 +301,7 @@ class HostOffload:
 
     # ----- stores -----
 
-    def observe_computed(self, request: EngineRequest) -> None:
+    def observe_computed(self, request: EngineRequest, now: float) -> None:
         """Offer the request's newly computed full prompt blocks to host (after scheduling).
 
         The blocks not on host are stored as one copy, unless one of their
@@ -302,12 +322,16 @@ class HostOffload:
         sources = [request.blocks[i] for i in missing]
         if any(block in self._copying for block in sources):
             return
-        transfer = tier.prepare_store(keys[start:end], request.uid)
+        transfer = tier.prepare_store(keys[start:end], request.uid, self._client, now)
         if transfer is None:
             return
-        for block in sources:
-            self._copying[block] = transfer.tid
-        self._store_blocks[transfer.tid] = sources
+        if self._gpu is not None:
+            self._gpu.hold(sources)
+            self._held[transfer.tid] = sources
+        else:
+            for block in sources:
+                self._copying[block] = transfer.tid
+            self._store_blocks[transfer.tid] = sources
         state.latest_store = transfer.tid
         state.next_store = end
         tier.touch_prompt(keys)
@@ -340,11 +364,14 @@ class HostOffload:
         Returns the requests whose load completed (the caller makes their
         blocks cached and marks them activated) and whether any transfer completed.
         """
-        done = self.tier.advance(now)
+        tier = self.tier
+        done = tier.advance(now, self._client)
         loaded: list[EngineRequest] = []
         disk = self.disk
         for transfer in done:
-            if transfer.kind is Kind.STORE:
+            if transfer.kind is Kind.STORE and self._gpu is not None:
+                self._gpu.release(self._held.pop(transfer.tid))
+            elif transfer.kind is Kind.STORE:
                 for block in self._store_blocks.pop(transfer.tid):
                     if self._copying.get(block) == transfer.tid:
                         del self._copying[block]
@@ -352,7 +379,9 @@ class HostOffload:
                     job = disk.submit(self._worker, Direction.WRITE, transfer.keys, now)
                     if job is not None:
                         self.tier.pin_external(job.keys)
-        progressed = bool(done)
+        # On a shared tier, another client's copy completing may unblock a request here.
+        progressed = bool(done) or tier.completion_epoch != self._seen_copies
+        self._seen_copies = tier.completion_epoch
         if disk is not None:
             finished = disk.take_completed(self._worker, now)
             progressed |= bool(finished) or disk.completion_epoch != self._seen_epoch
@@ -377,13 +406,16 @@ class HostOffload:
     def boundary(self, now: float) -> tuple[list[EngineRequest], bool]:
         """A pass ended at ``now``: complete what is due, submit its stores, settle instant ones."""
         loaded, progressed = self.advance(now)
-        self.tier.submit_prepared(now)
+        self.tier.submit_prepared(now, self._client)
         more, again = self.advance(now)
         return loaded + more, progressed or again
 
     def next_deadline(self) -> float:
         """When the next transfer completes (``math.inf`` if none is under way)."""
-        at = self.tier.next_deadline()
+        tier = self.tier
+        if tier.completion_epoch != self._seen_copies:
+            return tier.clock  # another client's copy completed: look again
+        at = tier.next_deadline(self._client)
         disk = self.disk
         if disk is not None:
             if disk.completion_epoch != self._seen_epoch:
@@ -398,3 +430,11 @@ class HostOffload:
             self.disk.check()
         for block, tid in self._copying.items():
             assert self.tier.in_flight(tid), f"GPU block {block} is tagged by a finished store"
+        for tid in self._held:
+            assert self.tier.in_flight(tid) or self.tier.completed_for(self._client, tid), (
+                f"store {tid} holds GPU blocks after it completed"
+            )
+
+    def held_blocks(self) -> list[list[int]]:
+        """The GPU blocks each store under way holds (a shared tier), as block tables."""
+        return list(self._held.values())

@@ -50,6 +50,7 @@ from servesim.engine.host_offload import HostOffload, Lookup
 from servesim.engine.kv.block_pool import BlockPool, KvEvent
 from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.kv.hashing import chain, generated_block_hash
+from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
 from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult
@@ -148,6 +149,11 @@ class VllmScheduler:
         self._result = PassResult(end_ms=0.0)
 
     # ----- public API -----
+
+    def attach_shared_host(self, tier: HostTier, client: int) -> None:
+        """Make this rank client ``client`` of the deployment's shared host tier."""
+        assert self._offload is not None, "a shared host tier replaces the rank's own"
+        self._offload.attach_shared(tier, client, self.pool)
 
     def attach_disk(self, disk: DiskTier, worker: int) -> None:
         """Put a disk tier under this rank's host tier (``worker``: its pool in the tier)."""
@@ -286,7 +292,7 @@ class VllmScheduler:
             self._schedule_waiting_offload(now)
             for request in self.running:
                 if request in self._scheduled:
-                    self._offload.observe_computed(request)
+                    self._offload.observe_computed(request, now)
         elif not result.preempted and len(self.running) < self._max_seqs:
             self._schedule_waiting()
         result.end_ms = self._emit(now) if self._sampler is None else self._emit_bursts(now)
@@ -691,11 +697,11 @@ class VllmScheduler:
                 result.progressed = True
                 continue
             request.pending_cached = g1 * bs
-            outcome = self._schedule(request, from_waiting=True)
-            reserved += self._prefill_reservation(request) - before
-            if outcome is not _Outcome.SCHEDULED:
+            if self._schedule(request, from_waiting=True) is not _Outcome.SCHEDULED:
                 return
             request.host_reused = offload.on_admitted(request, g1 * bs)
+            # Admitted: its load's tail is its running prefill's now.
+            reserved += self._prefill_reservation(request) - before
 
     def _prefill_reservation(self, request: EngineRequest) -> int:
         """Blocks a request will still need for its prompt: a running chunked prefill's
@@ -1135,10 +1141,13 @@ class VllmScheduler:
         if isinstance(role, DestinationRole):
             kept += role.in_transfer
         kept += self._connector
-        self.pool.check([r.blocks for r in (*self.running, *self.waiting, *kept)])
+        tables = [r.blocks for r in (*self.running, *self.waiting, *kept)]
+        if self._offload is not None:
+            tables += self._offload.held_blocks()
+        self.pool.check(tables)
         if self._offload is not None:
             self._offload.check()
-        assert self.pool.num_active <= sum(len(r.blocks) for r in (*self.running, *kept))
+        assert self.pool.num_active <= sum(len(t) for t in tables)
 
     def _ensure_hashes(self, request: EngineRequest, num_blocks: int) -> None:
         """Extend ``request.hashes`` to cover at least its first ``num_blocks`` full blocks.

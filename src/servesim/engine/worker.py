@@ -26,6 +26,7 @@ import numpy as np
 from servesim.config import Backend, EngineConfig
 from servesim.engine.kv.block_pool import KvEvent
 from servesim.engine.kv.disk_tier import DiskTier
+from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.request import EngineRequest
 from servesim.engine.roles import DestinationRole, SourceRole
 from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankScheduler
@@ -113,6 +114,7 @@ class Worker:
         kv_events: bool = False,
         fast_forward: bool = True,
         disk: DiskTier | None = None,
+        shared_host: tuple[HostTier, int] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.config = config
@@ -134,6 +136,13 @@ class Worker:
             for rank in self.ranks:
                 assert isinstance(rank, VllmScheduler), "a disk tier sits under a vLLM host tier"
                 rank.attach_disk(disk, worker_id)
+        if shared_host is not None:
+            # The deployment's shared host tier; this worker's ranks are its clients
+            # ``first``, ``first + 1``, ...
+            tier, first = shared_host
+            for index, rank in enumerate(self.ranks):
+                assert isinstance(rank, VllmScheduler), "a host tier serves vLLM ranks"
+                rank.attach_shared_host(tier, first + index)
         self.busy_until: float | None = None
         # Set when a pass could do nothing; cleared when a request is submitted.
         self.stalled = False

@@ -224,6 +224,13 @@ class BlockPool:
         table.append(block)
         return True
 
+    def hold(self, blocks: list[BlockId]) -> None:
+        """One more reference to each of these active hashed blocks; :meth:`release` drops it."""
+        refs, block_hash = self._refs, self._hash
+        for block in blocks:
+            assert block_hash[block] is not None and refs[block] > 0, f"block {block} not held"
+            refs[block] += 1
+
     def _take_free(self, count: int) -> list[BlockId]:
         fresh = min(count, self.capacity - self._next_id)
         if fresh > 0:

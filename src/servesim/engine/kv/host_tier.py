@@ -18,9 +18,21 @@ the room.
 on the lane at the pass end. Completions are taken in (deadline, stores before
 loads, transfer id) order.
 
-**Events.** With an event list, the tier publishes what a KV router may see:
+**Events.** With event lists, the tier publishes what a KV router may see:
 a block stored (a completed store or disk read) and blocks evicted (when the
 store that needs their room is prepared).
+
+**Shared tier** (``scope: cluster_shared``): one tier for every rank of the
+deployment that selects it (its *clients*). Copies then share bandwidth
+(:class:`~servesim.engine.kv.fair_transfers.FairTransfers`: each client's own
+link rate split among its copies, capped by the pool's shared rate split
+among all copies), so their completion times are known only as the clock
+advances. Completions are applied to the tier whichever client advances it,
+and handed to the client that submitted them when it next looks. Its KV
+events go to one time-stamped feed (:attr:`HostTier.feed`) that a router
+applies to every client it routes to, once its time has come: a block is
+stored when its copy completes, evicted when the store needing its room is
+prepared.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ from enum import IntEnum
 
 from servesim.config import HostOffloadConfig
 from servesim.engine.kv.block_pool import KvEvent, KvRemoved, KvStored
+from servesim.engine.kv.fair_transfers import FairTransfers, bytes_per_ms
 
 BlockKey = int
 """A block's sequence hash."""
@@ -71,7 +84,8 @@ class Transfer:
     kind: Kind
     keys: list[BlockKey]
     owner: int  # the request's uid
-    deadline: float = math.inf  # set when submitted on its lane
+    client: int = 0  # the rank that submitted it (a shared tier has several)
+    deadline: float = math.inf  # set when submitted on a FIFO lane (unknown when shared)
 
 
 class Lane:
@@ -91,6 +105,73 @@ class Lane:
         return self.tail
 
 
+class _Lanes:
+    """A rank's own copies: a FIFO lane each way, completion times known at submission."""
+
+    def __init__(self, config: HostOffloadConfig) -> None:
+        self._lanes = {
+            Kind.STORE: Lane(config.d2h_bandwidth_gbps, config.latency_to_first_byte_ms),
+            Kind.LOAD: Lane(config.h2d_bandwidth_gbps, config.latency_to_first_byte_ms),
+        }
+        self._due: list[tuple[float, int, int]] = []  # (deadline, kind, tid)
+
+    def __bool__(self) -> bool:
+        return bool(self._due)
+
+    def submit(self, transfer: Transfer, not_before: float, nbytes: float) -> None:
+        transfer.deadline = self._lanes[transfer.kind].submit(not_before, nbytes)
+        heapq.heappush(self._due, (transfer.deadline, transfer.kind, transfer.tid))
+
+    def next_event(self) -> float:
+        return self._due[0][0] if self._due else math.inf
+
+    def advance(self, now: float) -> list[tuple[int, float]]:
+        """The copies due by ``now`` in (deadline, stores before loads, id) order."""
+        due, done = self._due, []
+        while due and due[0][0] <= now:
+            at, _, tid = heapq.heappop(due)
+            done.append((tid, at))
+        return done
+
+
+class _SharedLinks:
+    """Copies of several clients sharing bandwidth (a cluster-shared tier)."""
+
+    def __init__(self, config: HostOffloadConfig) -> None:
+        # FairTransfers directions: 0 loads (host to GPU), 1 stores (GPU to host).
+        self._fair = FairTransfers(
+            (
+                bytes_per_ms(config.shared_h2d_bandwidth_gbps),
+                bytes_per_ms(config.shared_d2h_bandwidth_gbps),
+            )
+        )
+        self._links: dict[int, tuple[float, float, float]] = {}  # client -> h2d, d2h, latency
+
+    def __bool__(self) -> bool:
+        return bool(self._fair)
+
+    def join(self, client: int, config: HostOffloadConfig) -> None:
+        self._links[client] = (
+            bytes_per_ms(config.h2d_bandwidth_gbps),
+            bytes_per_ms(config.d2h_bandwidth_gbps),
+            config.latency_to_first_byte_ms,
+        )
+
+    def submit(self, transfer: Transfer, not_before: float, nbytes: float) -> None:
+        h2d, d2h, latency = self._links[transfer.client]
+        store = transfer.kind is Kind.STORE
+        ready = max(not_before + latency, self._fair.now)
+        self._fair.submit(
+            transfer.tid, transfer.client, int(store), d2h if store else h2d, ready, nbytes
+        )
+
+    def next_event(self) -> float:
+        return self._fair.next_event()
+
+    def advance(self, now: float) -> list[tuple[int, float]]:
+        return self._fair.advance(now)
+
+
 class HostTier:
     """Host KV blocks of one rank, their LRU and the copies under way."""
 
@@ -99,19 +180,41 @@ class HostTier:
     ) -> None:
         self.capacity = config.num_host_blocks
         self.block_bytes = block_bytes
-        self._events = events
+        self.shared = config.scope == "cluster_shared"
+        self._events = events  # a private tier's (its rank's) KV events
+        self.feed: list[tuple[float, KvEvent]] | None = None
+        """A shared tier's KV events with the time each happened, in time order, once a
+        router follows it (None: nobody does)."""
         self._entries: dict[BlockKey, _Entry] = {}
         self._lru: dict[BlockKey, None] = {}  # resident and unpinned, least recent first
         # Bumped whenever a block becomes the most recent; a prompt touched again with
         # nothing made recent since then keeps its order (see touch_prompt).
         self._recency = 0
         self._last_prompt: tuple[list[BlockKey] | None, int] = (None, -1)
-        self._d2h = Lane(config.d2h_bandwidth_gbps, config.latency_to_first_byte_ms)
-        self._h2d = Lane(config.h2d_bandwidth_gbps, config.latency_to_first_byte_ms)
+        self._links: _Lanes | _SharedLinks = _SharedLinks(config) if self.shared else _Lanes(config)
         self._transfers: dict[int, Transfer] = {}  # prepared or submitted, not completed
-        self._prepared: list[Transfer] = []
-        self._due: list[tuple[float, int, int]] = []  # (deadline, kind, tid) of submitted ones
+        self._prepared: dict[int, list[Transfer]] = {}  # per client, until its pass ends
+        self._completed: dict[int, list[Transfer]] = {}  # per client, not yet taken
         self._next_tid = 0
+        self.clock = 0.0
+        """The latest time the tier was advanced to."""
+        self.completion_epoch = 0
+        """Copies completed so far, by any client (a waiter on another's copy looks again)."""
+
+    def join(self, client: int, config: HostOffloadConfig) -> None:
+        """A rank joins a shared tier with its own link rates."""
+        assert isinstance(self._links, _SharedLinks)
+        self._links.join(client, config)
+
+    def _publish(self, event: KvEvent, at: float) -> None:
+        if self.feed is not None:
+            self.feed.append((at, event))
+        elif self._events is not None:
+            self._events.append(event)
+
+    def progress(self, now: float) -> None:
+        """Bring a shared tier to ``now`` (its feed then holds every event up to ``now``)."""
+        self._progress(now)
 
     # ----- lookups -----
 
@@ -145,12 +248,34 @@ class HostTier:
         return tid in self._transfers
 
     def deadline(self, tid: int) -> float:
-        """When a submitted transfer completes."""
+        """When a submitted transfer completes (``math.inf``: not known yet, or shared)."""
         return self._transfers[tid].deadline
 
-    def next_deadline(self) -> float:
-        """The earliest submitted transfer's completion (``math.inf`` if none)."""
-        return self._due[0][0] if self._due else math.inf
+    def next_deadline(self, client: int = 0) -> float:
+        """When the client next has something to take: a copy's next event (any client's,
+        on a shared tier), or now if completions wait for it (``math.inf``: none)."""
+        if self._completed.get(client):
+            return self.clock
+        return self._links.next_event()
+
+    def completed_for(self, client: int, tid: int) -> bool:
+        """Whether a transfer of the client completed and waits to be taken."""
+        return any(t.tid == tid for t in self._completed.get(client, ()))
+
+    def occupancy(self) -> dict[str, int]:
+        """Capacity and blocks held, resident or still being stored (the reference's
+        ``g2_domains`` entry), once every copy under way has completed."""
+        self._progress(math.inf)
+        resident = sum(1 for e in self._entries.values() if e.pending == RESIDENT)
+        return {
+            "capacity_blocks": self.capacity,
+            "resident_blocks": resident,
+            "used_blocks": len(self._entries),
+        }
+
+    def busy(self) -> bool:
+        """Whether any copy is under way or waits to be taken."""
+        return bool(self._links) or any(self._completed.values())
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -198,37 +323,42 @@ class HostTier:
 
     # ----- stores -----
 
-    def prepare_store(self, keys: list[BlockKey], owner: int) -> Transfer | None:
+    def prepare_store(
+        self, keys: list[BlockKey], owner: int, client: int = 0, now: float = 0.0
+    ) -> Transfer | None:
         """Make room for the blocks of ``keys`` not on host yet and mark them pending.
 
         Returns the prepared store, or None when eviction (never of ``keys``
         themselves, nor of pinned or pending blocks) cannot make room; the
         caller retries at a later pass. The caller checked that some are missing.
         """
+        if self.shared:
+            self._progress(now)
         entries = self._entries
         missing = list(dict.fromkeys(k for k in keys if k not in entries))
-        if not self._make_room(len(missing), set(keys)):
+        if not self._make_room(len(missing), set(keys), now):
             return None
-        transfer = Transfer(self._next_tid, Kind.STORE, missing, owner)
+        transfer = Transfer(self._next_tid, Kind.STORE, missing, owner, client)
         self._next_tid += 1
         for key in missing:
             entries[key] = _Entry(transfer.tid)
         self._transfers[transfer.tid] = transfer
-        self._prepared.append(transfer)
+        self._prepared.setdefault(client, []).append(transfer)
         return transfer
 
-    def submit_prepared(self, now: float) -> None:
-        """Put the stores prepared during the pass that ends at ``now`` on the copy lane."""
-        for transfer in self._prepared:
-            transfer.deadline = self._d2h.submit(now, len(transfer.keys) * self.block_bytes)
-            heapq.heappush(self._due, (transfer.deadline, Kind.STORE, transfer.tid))
-        self._prepared.clear()
+    def submit_prepared(self, now: float, client: int = 0) -> None:
+        """Start copying the client's stores prepared during its pass that ends at ``now``."""
+        prepared = self._prepared.pop(client, [])
+        if prepared and self.shared:
+            self._progress(now)
+        for transfer in prepared:
+            self._links.submit(transfer, now, len(transfer.keys) * self.block_bytes)
 
     # ----- the disk tier's side (servesim.engine.kv.disk_tier) -----
 
     def reserve_external(self, key: BlockKey, owner: int) -> Transfer | None:
         """Reserve a pending entry for a block a disk read will bring (None: no room)."""
-        if not self._make_room(1, {key}):
+        if not self._make_room(1, {key}, self.clock):
             return None
         transfer = Transfer(self._next_tid, Kind.EXTERNAL, [key], owner)
         self._next_tid += 1
@@ -249,8 +379,7 @@ class HostTier:
         for key in transfer.keys:
             self._entries[key].pending = RESIDENT
         self._touch_cohort(transfer.keys)
-        if self._events is not None:
-            self._events.append(KvStored(None, tuple(transfer.keys), host=True))
+        self._publish(KvStored(None, tuple(transfer.keys), host=True), self.clock)
 
     def cancel_external(self, tid: int) -> None:
         """Drop a reservation whose disk read could not be submitted."""
@@ -274,7 +403,7 @@ class HostTier:
                 unpinned.append(key)
         self._touch_cohort(unpinned)
 
-    def _make_room(self, count: int, protected: set[BlockKey]) -> bool:
+    def _make_room(self, count: int, protected: set[BlockKey], now: float) -> bool:
         """Evict least recent blocks (never ``protected``) until ``count`` more fit."""
         need = count - (self.capacity - len(self._entries))
         if need <= 0:
@@ -290,39 +419,47 @@ class HostTier:
         for key in victims:
             del self._lru[key]
             del self._entries[key]
-        if self._events is not None:
-            self._events.append(KvRemoved(tuple(victims), host=True))
+        self._publish(KvRemoved(tuple(victims), host=True), now)
         return True
 
     # ----- loads -----
 
-    def schedule_load(self, keys: list[BlockKey], owner: int, not_before: float) -> Transfer:
+    def schedule_load(
+        self, keys: list[BlockKey], owner: int, not_before: float, client: int = 0
+    ) -> Transfer:
         """Pin resident blocks and queue their copy to the GPU, starting no earlier than ``not_before``."""
         for key in keys:
             entry = self._entries[key]
             assert entry.pending == RESIDENT, "a load reads resident blocks only"
             entry.pins += 1
             self._lru.pop(key, None)
-        transfer = Transfer(self._next_tid, Kind.LOAD, list(keys), owner)
+        transfer = Transfer(self._next_tid, Kind.LOAD, list(keys), owner, client)
         self._next_tid += 1
-        transfer.deadline = self._h2d.submit(not_before, len(keys) * self.block_bytes)
+        if self.shared:
+            self._progress(not_before)
+        self._links.submit(transfer, not_before, len(keys) * self.block_bytes)
         self._transfers[transfer.tid] = transfer
-        heapq.heappush(self._due, (transfer.deadline, Kind.LOAD, transfer.tid))
         return transfer
 
     # ----- completion -----
 
-    def advance(self, now: float) -> list[Transfer]:
-        """Complete every submitted transfer due by ``now``; return them in completion order.
+    def advance(self, now: float, client: int = 0) -> list[Transfer]:
+        """Complete every transfer due by ``now``; return the client's, in completion order
+        (a shared tier keeps the other clients' until they look)."""
+        self._progress(now)
+        return self._completed.pop(client, [])
+
+    def _progress(self, now: float) -> None:
+        """Apply every copy completed by ``now`` to the tier, whoever submitted it.
 
         A completed store's blocks become resident and recent; a completed
         load releases its pins (its blocks keep their host copy).
         """
-        due, done = self._due, []
-        while due and due[0][0] <= now:
-            _, _, tid = heapq.heappop(due)
+        self.clock = max(self.clock, now)
+        for tid, at in self._links.advance(now):
             transfer = self._transfers.pop(tid)
-            done.append(transfer)
+            self._completed.setdefault(transfer.client, []).append(transfer)
+            self.completion_epoch += 1
             if transfer.kind is Kind.STORE:
                 stored = []
                 for key in transfer.keys:
@@ -331,8 +468,8 @@ class HostTier:
                         entry.pending = RESIDENT
                         stored.append(key)
                 self._touch_cohort(transfer.keys)
-                if self._events is not None and stored:
-                    self._events.append(KvStored(None, tuple(stored), host=True))
+                if stored:
+                    self._publish(KvStored(None, tuple(stored), host=True), at)
             else:
                 unpinned = []
                 for key in transfer.keys:
@@ -341,7 +478,6 @@ class HostTier:
                     if not entry.pins:
                         unpinned.append(key)
                 self._touch_cohort(unpinned)
-        return done
 
     def check(self) -> None:
         """Assert the tier's invariants (tests call this after every step)."""
