@@ -24,6 +24,7 @@ from servesim.metrics.collector import Collector, RequestRecord
 from servesim.metrics.html import render_html, write_html
 from servesim.metrics.report import (
     document_json,
+    parse_report_json,
     report_document,
     write_report_json,
     write_requests_jsonl,
@@ -134,6 +135,25 @@ class Report:
     series: dict[str, Any]
     records: list[RequestRecord]
     time_limited: bool
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        """A report from the text :meth:`to_json` wrote (or ``--report-json`` saved).
+
+        The file holds no per-request records (the JSONL does): ``records`` is
+        empty. ``to_json``, ``table`` and ``to_html`` give what the original gave.
+
+        Raises:
+            ReportError: the text is not JSON or lacks a section.
+        """
+        document = parse_report_json(text, source="report")
+        return cls(
+            summary=document["summary"],
+            run=document["run"],
+            series=document["series"],
+            records=[],
+            time_limited=bool(document["run"].get("time_limited", False)),
+        )
 
     def document(self) -> dict[str, Any]:
         """The report file's content: ``summary``, ``run`` and ``series``."""
@@ -293,7 +313,7 @@ def _replay(config: RunConfig, progress: Callable[[int, int], None] | None) -> R
 def _timing(engine: EngineConfig) -> str:
     tm = engine.timing_model
     if tm.type == "interpolated":
-        return f"measured profile {Path(tm.path or '').name}"
+        return f"measured profile {Path(tm.profile).name}"
     if tm.type == "fixed":
         return f"fixed: prefill {tm.prefill_ms:g} ms, decode {tm.decode_ms:g} ms per pass"
     return "polynomial (the reference's default fit)"

@@ -46,7 +46,7 @@ def test_quantiles_are_the_summary_percentiles() -> None:
 def test_distributions_hold_every_completed_requests_latency(report: Report) -> None:
     assert report.summary["rejected_requests"] == 1
     dists = report.series["distributions"]
-    done = [latencies(r) for r in report.records if r.terminal is Terminal.COMPLETED]
+    done = [latencies(r) for r in report.records if r.terminal_status is Terminal.COMPLETED]
     assert dists["ttft_ms"][0] == round(min(x.ttft for x in done if x.ttft is not None), 4)
     assert dists["ttft_ms"][100] == round(report.summary["max_ttft_ms"], 4)
     assert dists["e2e_latency_ms"][90] == round(report.summary["p90_e2e_latency_ms"], 4)
@@ -57,37 +57,38 @@ def test_over_time_counts_add_up_to_the_run(report: Report) -> None:
     ot = report.series["over_time"]
     seconds = ot["bucket_ms"] / 1000.0
     assert len(ot["t_ms"]) == NUM_POINTS
-    end = max(r.terminal_ms for r in report.records if r.terminal_ms is not None)
+    end = max(r.terminal_time_ms for r in report.records if r.terminal_time_ms is not None)
     assert ot["bucket_ms"] == round(end / NUM_POINTS, 4)
     completed = sum(v * seconds for v in ot["request_throughput_rps"])
     assert completed == pytest.approx(report.summary["completed_requests"], rel=1e-3)
     tokens = sum(v * seconds for v in ot["output_throughput_tok_s"])
-    assert tokens == pytest.approx(sum(r.num_tokens for r in report.records), rel=1e-3)
+    assert tokens == pytest.approx(sum(r.output_length for r in report.records), rel=1e-3)
 
 
 def test_pool_state_matches_a_direct_count_at_every_bucket_start(report: Report) -> None:
     (pool,) = report.series["pools"]
     assert pool["name"] == "aggregated" and pool["num_ranks"] == 2 and pool["per_rank"]
     bucket = report.series["over_time"]["bucket_ms"]
-    end = max(r.terminal_ms for r in report.records if r.terminal_ms is not None)
+    end = max(r.terminal_time_ms for r in report.records if r.terminal_time_ms is not None)
     exact_bucket = end / NUM_POINTS
     for k in range(NUM_POINTS):
         t = k * exact_bucket
         for rank_id in range(2):
-            mine = [r for r in report.records if r.scheduler == rank_id]
+            mine = [r for r in report.records if r.decode_worker_idx == rank_id]
             running = [
                 r
                 for r in mine
                 if r.first_admit_ms is not None
                 and r.first_admit_ms
                 <= t
-                < (r.terminal_ms if r.terminal_ms is not None else math.inf)
+                < (r.terminal_time_ms if r.terminal_time_ms is not None else math.inf)
             ]
             queued = [
                 r
                 for r in mine
-                if r.arrival_ms + r.queue_wait_ms <= t
-                and t < (r.first_admit_ms if r.first_admit_ms is not None else r.terminal_ms or 0)
+                if r.arrival_time_ms + r.queue_wait_ms <= t
+                and t
+                < (r.first_admit_ms if r.first_admit_ms is not None else r.terminal_time_ms or 0)
             ]
             assert pool["running_requests"][rank_id][k] == len(running), (k, rank_id)
             assert pool["queued_requests"][rank_id][k] == len(queued), (k, rank_id)
@@ -98,9 +99,9 @@ def test_pool_state_matches_a_direct_count_at_every_bucket_start(report: Report)
                     held += r.input_length
                 elif t < r.last_token_ms:
                     share = (t - r.first_token_ms) / (r.last_token_ms - r.first_token_ms)
-                    held += r.input_length + 1 + (r.num_tokens - 1) * share
+                    held += r.input_length + 1 + (r.output_length - 1) * share
                 else:
-                    held += r.input_length + r.num_tokens
+                    held += r.input_length + r.output_length
             assert pool["kv_usage_ratio"][rank_id][k] == pytest.approx(
                 held / (120 * 64), abs=1e-4
             ), (k, rank_id)
@@ -111,9 +112,13 @@ def test_prefix_reuse_per_rank_is_the_completed_requests_share(report: Report) -
     (pool,) = report.series["pools"]
     for rank_id in range(2):
         done = [
-            r for r in report.records if r.scheduler == rank_id and r.terminal is Terminal.COMPLETED
+            r
+            for r in report.records
+            if r.decode_worker_idx == rank_id and r.terminal_status is Terminal.COMPLETED
         ]
-        expected = sum(r.first_reused for r in done) / sum(r.input_length for r in done)
+        expected = sum(r.first_admission_reused_input_tokens for r in done) / sum(
+            r.input_length for r in done
+        )
         assert pool["prefix_reuse_ratio"][rank_id] == round(expected, 4)
 
 

@@ -10,55 +10,64 @@ from pathlib import Path
 from typing import Any
 
 from servesim.errors import ReportError
-from servesim.metrics.collector import RequestRecord, latencies
+from servesim.metrics.collector import RequestRecord
 
+RECORD_FIELDS = (
+    "uuid",
+    "session_id",
+    "turn_index",
+    "arrival_time_ms",
+    "first_admit_ms",
+    "first_token_ms",
+    "last_token_ms",
+    "terminal_time_ms",
+    "ttft_ms",
+    "ttst_ms",
+    "e2e_latency_ms",
+    "itl_ms",
+    "input_length",
+    "requested_output_length",
+    "output_length",
+    "reused_input_tokens",
+    "first_admission_reused_input_tokens",
+    "prefill_worker_idx",
+    "decode_worker_idx",
+    "prefill_admit_ms",
+    "source_held_ms",
+    "destination_reserved_ms",
+    "destination_activated_ms",
+    "decode_admit_ms",
+    "source_released_ms",
+    "decode_reused_input_tokens",
+    "selected_overlap_blocks",
+    "best_available_overlap_blocks",
+    "queue_wait_ms",
+    "dp_rank",
+    "terminal_status",
+)
+"""The per-request JSONL fields (the reference's), each a :class:`RequestRecord` attribute."""
 
-def _uuid(uid: int) -> str:
-    # Deterministic ids in the reference's synthetic format (1-based).
-    return f"00000000-0000-0000-0000-{uid + 1:012x}"
+HOST_TIER_FIELDS = (
+    "first_admission_g1_reused_input_tokens",
+    "first_admission_host_reused_input_tokens",
+)
+"""Added to a record when its rank has a host KV tier."""
 
 
 def request_row(r: RequestRecord) -> dict[str, Any]:
-    """One per-request JSONL record (reference field names)."""
-    lat = latencies(r)
-    row = {
-        "uuid": _uuid(r.uid),
-        "session_id": r.session_id,
-        "turn_index": r.turn_index,
-        "arrival_time_ms": r.arrival_ms,
-        "first_admit_ms": r.first_admit_ms,
-        "first_token_ms": r.first_token_ms,
-        "last_token_ms": r.last_token_ms,
-        "terminal_time_ms": r.terminal_ms,
-        "ttft_ms": lat.ttft,
-        "ttst_ms": lat.ttst,
-        "e2e_latency_ms": lat.e2e,
-        "itl_ms": lat.tpot,
-        "input_length": r.input_length,
-        "requested_output_length": r.requested_output,
-        "output_length": r.num_tokens,
-        "reused_input_tokens": r.reused,
-        "first_admission_reused_input_tokens": r.first_reused,
-        # Scheduler ids (worker x dp_size + rank), as the reference writes them.
-        "prefill_worker_idx": r.prefill_scheduler,
-        "decode_worker_idx": r.scheduler,
-        "prefill_admit_ms": r.prefill_admit_ms,
-        "source_held_ms": r.source_held_ms,
-        "destination_reserved_ms": r.destination_reserved_ms,
-        "destination_activated_ms": r.destination_activated_ms,
-        "decode_admit_ms": r.decode_admit_ms,
-        "source_released_ms": r.source_released_ms,
-        "decode_reused_input_tokens": r.decode_reused,
-        "selected_overlap_blocks": r.overlap_blocks,
-        "best_available_overlap_blocks": r.best_overlap_blocks,
-        "queue_wait_ms": r.queue_wait_ms,
-        "dp_rank": r.dp_rank,
-        "terminal_status": r.terminal.value if r.terminal is not None else "incomplete",
-    }
-    if r.first_host_reused is not None:
+    """One per-request JSONL record: each field the record's attribute of the same name.
+
+    ``*_worker_idx`` are scheduler ids (worker x dp_size + rank), as the
+    reference writes them; a request that never ended is ``"incomplete"``.
+    """
+    row = {name: getattr(r, name) for name in RECORD_FIELDS}
+    status = r.terminal_status
+    row["terminal_status"] = status.value if status is not None else "incomplete"
+    host = r.first_admission_host_reused_input_tokens
+    if host is not None:
         # With a host tier: where the first admission's reused prefix came from.
-        row["first_admission_g1_reused_input_tokens"] = r.first_reused - r.first_host_reused
-        row["first_admission_host_reused_input_tokens"] = r.first_host_reused
+        row["first_admission_g1_reused_input_tokens"] = r.first_admission_reused_input_tokens - host
+        row["first_admission_host_reused_input_tokens"] = host
     return row
 
 
@@ -122,20 +131,29 @@ def read_report_json(path: Path) -> dict[str, Any]:
         raise ReportError(f"{path}: cannot read the report: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ReportError(f"{path}: not a report JSON file (not UTF-8 text)") from None
+    return parse_report_json(text, source=str(path))
+
+
+def parse_report_json(text: str, *, source: str) -> dict[str, Any]:
+    """A report document from its JSON text; ``source`` names it in errors.
+
+    Raises:
+        ReportError: not JSON, not an object, or a section missing.
+    """
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ReportError(
-            f"{path}: not a report JSON file (invalid JSON at line {exc.lineno})"
+            f"{source}: not a report JSON file (invalid JSON at line {exc.lineno})"
         ) from None
     if not isinstance(document, dict):
         raise ReportError(
-            f"{path}: not a report JSON file (expected an object with {', '.join(REPORT_SECTIONS)})"
+            f"{source}: not a report JSON file (expected an object with {', '.join(REPORT_SECTIONS)})"
         )
     missing = [k for k in REPORT_SECTIONS if not isinstance(document.get(k), dict)]
     if missing:
         raise ReportError(
-            f"{path}: the report has no {' or '.join(repr(k) for k in missing)} section "
+            f"{source}: the report has no {' or '.join(repr(k) for k in missing)} section "
             "(written by an older servesim or another tool?); replay the run with --report-json again"
         )
     return document
@@ -143,5 +161,11 @@ def read_report_json(path: Path) -> dict[str, Any]:
 
 def write_requests_jsonl(path: Path, records: list[RequestRecord]) -> None:
     """One line per request, by arrival then uid."""
-    ordered = sorted(records, key=lambda r: (r.arrival_ms, r.uid))
+    ordered = sorted(records, key=lambda r: (r.arrival_time_ms, r.uid))
     atomic_write(path, (json.dumps(request_row(r), sort_keys=True) + "\n" for r in ordered))
+
+
+def read_requests_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The per-request records a ``--per-request-jsonl`` file holds, one dict per line."""
+    with Path(path).open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]

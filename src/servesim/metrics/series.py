@@ -68,9 +68,13 @@ def quantiles(values: Sequence[float]) -> list[float]:
 
 def build_series(records: Sequence[RequestRecord], pools: Sequence[PoolShape]) -> dict[str, Any]:
     """The ``series`` section of a report (see the module docstring)."""
-    done = [r for r in records if r.terminal is Terminal.COMPLETED and r.first_admit_ms is not None]
+    done = [
+        r
+        for r in records
+        if r.terminal_status is Terminal.COMPLETED and r.first_admit_ms is not None
+    ]
     end = max(
-        (t for r in records for t in (r.terminal_ms, r.last_token_ms) if t is not None),
+        (t for r in records for t in (r.terminal_time_ms, r.last_token_ms) if t is not None),
         default=0.0,
     )
     bucket = end / NUM_POINTS if end > 0 else 1.0
@@ -124,18 +128,18 @@ def _over_time(
     ttft: list[list[float]] = [[] for _ in range(NUM_POINTS)]
     e2e: list[list[float]] = [[] for _ in range(NUM_POINTS)]
     for r in done:
-        assert r.terminal_ms is not None and r.first_admit_ms is not None
-        completed[_index(r.terminal_ms, bucket)] += 1
+        assert r.terminal_time_ms is not None and r.first_admit_ms is not None
+        completed[_index(r.terminal_time_ms, bucket)] += 1
         first = _index(r.first_admit_ms, bucket)
-        reused[first] += r.first_reused
+        reused[first] += r.first_admission_reused_input_tokens
         prompt[first] += r.input_length
         lat = latencies(r)
         if lat.ttft is not None and lat.e2e is not None:
-            ttft[_index(r.arrival_ms, bucket)].append(lat.ttft)
-            e2e[_index(r.arrival_ms, bucket)].append(lat.e2e)
+            ttft[_index(r.arrival_time_ms, bucket)].append(lat.ttft)
+            e2e[_index(r.arrival_time_ms, bucket)].append(lat.e2e)
     for r in records:  # tokens reach users whatever the request's end
         if r.first_token_ms is not None and r.last_token_ms is not None:
-            _spread_tokens(tokens, r.first_token_ms, r.last_token_ms, r.num_tokens, bucket)
+            _spread_tokens(tokens, r.first_token_ms, r.last_token_ms, r.output_length, bucket)
     return {
         "bucket_ms": round(bucket, _DIGITS),
         "t_ms": _round(i * bucket for i in range(NUM_POINTS)),
@@ -186,8 +190,8 @@ def _pool(
         _add(queued, rank_id, route, admit, bucket, 1.0)
         _add(running, rank_id, admit, release, bucket, 1.0)
         _add_kv(kv_const, kv_slope, r, pool.name, rank_id, admit, release, bucket)
-        if r.terminal is Terminal.COMPLETED and pool.name != "decode":
-            reused[rank_id] += r.first_reused
+        if r.terminal_status is Terminal.COMPLETED and pool.name != "decode":
+            reused[rank_id] += r.first_admission_reused_input_tokens
             prompt[rank_id] += r.input_length
     times = np.arange(NUM_POINTS) * bucket
     queued_now = np.cumsum(queued, axis=1)[:, :NUM_POINTS]
@@ -227,21 +231,25 @@ def _phases(r: RequestRecord, pool: str, end: float) -> tuple[int, float, float,
     A request never admitted is queued until its end; one never released holds
     its rank until the run's end.
     """
-    ended = r.terminal_ms if r.terminal_ms is not None else end
+    ended = r.terminal_time_ms if r.terminal_time_ms is not None else end
     if pool == "prefill":
         rank_id, routed, admit = (
-            r.prefill_scheduler,
-            r.arrival_ms + r.queue_wait_ms,
+            r.prefill_worker_idx,
+            r.arrival_time_ms + r.queue_wait_ms,
             r.prefill_admit_ms,
         )
         release = r.source_released_ms if r.source_released_ms is not None else ended
     elif pool == "decode":
         if r.destination_activated_ms is None:
             return None
-        rank_id, routed, admit = r.scheduler, r.destination_activated_ms, r.decode_admit_ms
+        rank_id, routed, admit = r.decode_worker_idx, r.destination_activated_ms, r.decode_admit_ms
         release = ended
     else:
-        rank_id, routed, admit = r.scheduler, r.arrival_ms + r.queue_wait_ms, r.first_admit_ms
+        rank_id, routed, admit = (
+            r.decode_worker_idx,
+            r.arrival_time_ms + r.queue_wait_ms,
+            r.first_admit_ms,
+        )
         release = ended
     if rank_id is None:
         return None
@@ -278,7 +286,7 @@ def _add_kv(
     if pool == "prefill" or r.first_token_ms is None or r.last_token_ms is None:
         _add(const, row, admit, release, bucket, r.input_length)
         return
-    first, last, n = max(admit, r.first_token_ms), r.last_token_ms, r.num_tokens
+    first, last, n = max(admit, r.first_token_ms), r.last_token_ms, r.output_length
     _add(const, row, admit, first, bucket, r.input_length)
     if last > first and n > 1:
         rate = (n - 1) / (last - first)
