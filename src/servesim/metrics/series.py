@@ -28,13 +28,14 @@ without them is the same run). Times are on the simulated clock, in ms.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from servesim.metrics.collector import RequestRecord, Terminal, latencies
+from servesim.metrics.collector import RequestRecord, Terminal
 from servesim.metrics.stats import rank
 
 NUM_POINTS = 120
@@ -66,24 +67,92 @@ def quantiles(values: Sequence[float]) -> list[float]:
     return _round(ordered[rank(n, p)] for p in range(101)) if n else []
 
 
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """The records' facts as arrays (NaN for a time that never came), one entry per request."""
+
+    arrival: np.ndarray
+    routed: np.ndarray
+    first_admit: np.ndarray
+    first_token: np.ndarray
+    last_token: np.ndarray
+    terminal: np.ndarray
+    completed: np.ndarray
+    input_length: np.ndarray
+    output_length: np.ndarray
+    first_reused: np.ndarray
+    decode_rank: np.ndarray
+    prefill_rank: np.ndarray
+    prefill_admit: np.ndarray
+    source_released: np.ndarray
+    destination_activated: np.ndarray
+    decode_admit: np.ndarray
+
+
+_FACTS = (
+    "arrival_time_ms",
+    "queue_wait_ms",
+    "first_admit_ms",
+    "first_token_ms",
+    "last_token_ms",
+    "terminal_time_ms",
+    "input_length",
+    "output_length",
+    "first_admission_reused_input_tokens",
+    "decode_worker_idx",
+    "prefill_worker_idx",
+    "prefill_admit_ms",
+    "source_released_ms",
+    "destination_activated_ms",
+    "decode_admit_ms",
+)
+
+
+def _columns(records: Sequence[RequestRecord]) -> _Columns:
+    # One attrgetter pass and one object array: a few hundred ns per request.
+    table = np.array(list(map(operator.attrgetter(*_FACTS), records)), dtype=object)
+    table = table.reshape(len(records), len(_FACTS))
+    table[table == None] = math.nan  # noqa: E711  (element-wise on an object array)
+    f = dict(zip(_FACTS, table.astype(np.float64).T, strict=True))
+    ranks = {
+        k: np.nan_to_num(f[k], nan=-1.0).astype(np.int64)
+        for k in ("decode_worker_idx", "prefill_worker_idx")
+    }
+    return _Columns(
+        arrival=f["arrival_time_ms"],
+        routed=f["arrival_time_ms"] + f["queue_wait_ms"],
+        first_admit=f["first_admit_ms"],
+        first_token=f["first_token_ms"],
+        last_token=f["last_token_ms"],
+        terminal=f["terminal_time_ms"],
+        completed=np.array([r.terminal_status is Terminal.COMPLETED for r in records], dtype=bool)
+        & ~np.isnan(f["first_admit_ms"]),
+        input_length=f["input_length"],
+        output_length=f["output_length"],
+        first_reused=f["first_admission_reused_input_tokens"],
+        decode_rank=ranks["decode_worker_idx"],
+        prefill_rank=ranks["prefill_worker_idx"],
+        prefill_admit=f["prefill_admit_ms"],
+        source_released=f["source_released_ms"],
+        destination_activated=f["destination_activated_ms"],
+        decode_admit=f["decode_admit_ms"],
+    )
+
+
 def build_series(records: Sequence[RequestRecord], pools: Sequence[PoolShape]) -> dict[str, Any]:
     """The ``series`` section of a report (see the module docstring)."""
-    done = [
-        r
-        for r in records
-        if r.terminal_status is Terminal.COMPLETED and r.first_admit_ms is not None
-    ]
-    end = max(
-        (t for r in records for t in (r.terminal_time_ms, r.last_token_ms) if t is not None),
-        default=0.0,
-    )
+    c = _columns(records)
+    ends = np.concatenate([c.terminal, c.last_token])
+    ends = ends[~np.isnan(ends)]
+    end = float(ends.max()) if ends.size else 0.0
     bucket = end / NUM_POINTS if end > 0 else 1.0
     out: dict[str, Any] = {
-        "distributions": _distributions(done),
-        "over_time": _over_time(records, done, bucket),
-        "pools": [_pool(records, pool, bucket, end) for pool in pools],
+        "distributions": _distributions(c),
+        "over_time": _over_time(c, bucket),
+        "pools": [_pool(c, pool, bucket, end) for pool in pools],
     }
     if any(p.name == "prefill" for p in pools):
+        done = [r for r in records if r.terminal_status is Terminal.COMPLETED]
         out["transfers"] = {
             "kv_transfer_ms": quantiles(
                 [
@@ -104,95 +173,128 @@ def build_series(records: Sequence[RequestRecord], pools: Sequence[PoolShape]) -
     return out
 
 
-def _distributions(done: list[RequestRecord]) -> dict[str, list[float]]:
-    lats = [latencies(r) for r in done]
+def _latencies(c: _Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(TTFT, E2E, TPOT, has TPOT) of every request, as :func:`latencies` defines them."""
+    ttft = np.maximum(0.0, c.first_token - c.arrival)
+    e2e = np.maximum(0.0, c.last_token - c.arrival)
+    two = c.output_length >= 2
+    tpot = np.full_like(ttft, math.nan)
+    tpot[two] = np.maximum(0.0, c.last_token[two] - c.first_token[two]) / (c.output_length[two] - 1)
+    return ttft, e2e, tpot, two
+
+
+def _distributions(c: _Columns) -> dict[str, list[float]]:
+    ttft, e2e, tpot, two = _latencies(c)
+    timed = c.completed & ~np.isnan(c.first_token) & ~np.isnan(c.last_token)
     return {
-        "ttft_ms": quantiles([lat.ttft for lat in lats if lat.ttft is not None]),
-        "itl_ms": quantiles([lat.tpot for lat in lats if lat.tpot is not None]),
-        "e2e_latency_ms": quantiles([lat.e2e for lat in lats if lat.e2e is not None]),
+        "ttft_ms": quantiles(ttft[timed].tolist()),
+        "itl_ms": quantiles(tpot[timed & two].tolist()),
+        "e2e_latency_ms": quantiles(e2e[timed].tolist()),
     }
 
 
-def _index(t: float, bucket: float) -> int:
-    return min(int(t // bucket), NUM_POINTS - 1)
+def _index(t: np.ndarray, bucket: float) -> np.ndarray:
+    """The bucket each time falls in (the last bucket holds the run's end)."""
+    index: np.ndarray = np.minimum(np.floor_divide(t, bucket), NUM_POINTS - 1).astype(np.int64)
+    return index
 
 
-def _over_time(
-    records: Sequence[RequestRecord], done: list[RequestRecord], bucket: float
-) -> dict[str, Any]:
+def _per_bucket(index: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    return np.bincount(index, weights=weights, minlength=NUM_POINTS).astype(np.float64)
+
+
+def _by_bucket(index: np.ndarray, values: np.ndarray) -> tuple[list[Any], list[Any]]:
+    """Mean and p90 (nearest rank) of ``values`` in each bucket; None for an empty bucket."""
+    order = np.lexsort((values, index))
+    index, values = index[order], values[order]
+    starts = np.searchsorted(index, np.arange(NUM_POINTS), side="left")
+    stops = np.searchsorted(index, np.arange(NUM_POINTS), side="right")
+    means: list[Any] = []
+    p90s: list[Any] = []
+    for lo, hi in zip(starts.tolist(), stops.tolist(), strict=True):
+        if lo == hi:
+            means.append(None)
+            p90s.append(None)
+            continue
+        means.append(float(values[lo:hi].mean()))
+        p90s.append(float(values[lo + rank(hi - lo, 90.0)]))
+    return means, p90s
+
+
+def _over_time(c: _Columns, bucket: float) -> dict[str, Any]:
     seconds = bucket / 1000.0
-    completed = np.zeros(NUM_POINTS)
-    tokens = np.zeros(NUM_POINTS)
-    reused = np.zeros(NUM_POINTS)
-    prompt = np.zeros(NUM_POINTS)
-    ttft: list[list[float]] = [[] for _ in range(NUM_POINTS)]
-    e2e: list[list[float]] = [[] for _ in range(NUM_POINTS)]
-    for r in done:
-        assert r.terminal_time_ms is not None and r.first_admit_ms is not None
-        completed[_index(r.terminal_time_ms, bucket)] += 1
-        first = _index(r.first_admit_ms, bucket)
-        reused[first] += r.first_admission_reused_input_tokens
-        prompt[first] += r.input_length
-        lat = latencies(r)
-        if lat.ttft is not None and lat.e2e is not None:
-            ttft[_index(r.arrival_time_ms, bucket)].append(lat.ttft)
-            e2e[_index(r.arrival_time_ms, bucket)].append(lat.e2e)
-    for r in records:  # tokens reach users whatever the request's end
-        if r.first_token_ms is not None and r.last_token_ms is not None:
-            _spread_tokens(tokens, r.first_token_ms, r.last_token_ms, r.output_length, bucket)
+    done = c.completed
+    completed = _per_bucket(_index(c.terminal[done], bucket))
+    first = _index(c.first_admit[done], bucket)
+    reused = _per_bucket(first, c.first_reused[done])
+    prompt = _per_bucket(first, c.input_length[done])
+    ttft, e2e, _, _ = _latencies(c)
+    timed = done & ~np.isnan(c.first_token) & ~np.isnan(c.last_token)
+    arrived = _index(c.arrival[timed], bucket)
+    mean_ttft, p90_ttft = _by_bucket(arrived, ttft[timed])
+    mean_e2e, p90_e2e = _by_bucket(arrived, e2e[timed])
     return {
         "bucket_ms": round(bucket, _DIGITS),
         "t_ms": _round(i * bucket for i in range(NUM_POINTS)),
         "request_throughput_rps": _round(completed / seconds),
-        "output_throughput_tok_s": _round(tokens / seconds),
-        "mean_ttft_ms": _round(np.mean(v) if v else None for v in ttft),
-        "p90_ttft_ms": _round(sorted(v)[rank(len(v), 90.0)] if v else None for v in ttft),
-        "mean_e2e_latency_ms": _round(np.mean(v) if v else None for v in e2e),
-        "p90_e2e_latency_ms": _round(sorted(v)[rank(len(v), 90.0)] if v else None for v in e2e),
+        "output_throughput_tok_s": _round(_tokens(c, bucket) / seconds),
+        "mean_ttft_ms": _round(mean_ttft),
+        "p90_ttft_ms": _round(p90_ttft),
+        "mean_e2e_latency_ms": _round(mean_e2e),
+        "p90_e2e_latency_ms": _round(p90_e2e),
         "first_admission_prefix_reuse_ratio": _round(
             reused[i] / prompt[i] if prompt[i] else None for i in range(NUM_POINTS)
         ),
     }
 
 
-def _spread_tokens(tokens: np.ndarray, first: float, last: float, n: int, bucket: float) -> None:
-    """Add a request's ``n`` tokens: one at ``first``, ``n - 1`` evenly over ``(first, last]``."""
-    tokens[_index(first, bucket)] += 1
+def _tokens(c: _Columns, bucket: float) -> np.ndarray:
+    """Tokens emitted per bucket, whatever the request's end: each request's first at its
+    first-token time, its ``n - 1`` others evenly over ``(first, last]``.
+
+    The others are ``G(e_{k+1}) - G(e_k)`` at the bucket edges ``e_k = k x bucket``
+    (the last edge at infinity), ``G`` rising linearly from 0 at the first token to
+    ``n - 1`` at the last; ``G`` is continuous, so a token on an edge is never split.
+    """
+    emitted = ~np.isnan(c.first_token) & ~np.isnan(c.last_token)
+    first, last, n = c.first_token[emitted], c.last_token[emitted], c.output_length[emitted]
+    tokens = _per_bucket(_index(first, bucket))
     rest = n - 1
-    if rest <= 0:
-        return
-    if last <= first:
-        tokens[_index(last, bucket)] += rest
-        return
-    # The share of (first, last] each bucket covers, times the tokens.
-    lo, hi = _index(first, bucket), _index(last, bucket)
-    edges = np.clip(np.arange(lo, hi + 2) * bucket, first, last)
-    edges[-1] = last
-    tokens[lo : hi + 1] += rest * np.diff(edges) / (last - first)
+    burst = (rest > 0) & (last <= first)
+    tokens += _per_bucket(_index(last[burst], bucket), rest[burst])
+    spread = (rest > 0) & (last > first)
+    first, last, rest = first[spread], last[spread], rest[spread]
+    rate = rest / (last - first)
+    rows = np.zeros(first.size, dtype=np.int64)
+    const = np.zeros((1, NUM_POINTS + 1))
+    slope = np.zeros((1, NUM_POINTS + 1))
+    _add(const, rows, first, last, bucket, -rate * first)
+    _add(slope, rows, first, last, bucket, rate)
+    _add(const, rows, last, np.full_like(last, math.inf), bucket, rest)
+    edges = np.arange(NUM_POINTS) * bucket
+    g = np.cumsum(const[0])[:NUM_POINTS] + edges * np.cumsum(slope[0])[:NUM_POINTS]
+    g = np.append(g, rest.sum())  # the edge at infinity
+    return tokens + np.diff(g)
 
 
-def _pool(
-    records: Sequence[RequestRecord], pool: PoolShape, bucket: float, end: float
-) -> dict[str, Any]:
+def _pool(c: _Columns, pool: PoolShape, bucket: float, end: float) -> dict[str, Any]:
     """Queued, running and KV share per rank of one pool at each bucket start."""
     n = pool.num_ranks
+    rank_id, routed, admit, release = _phases(c, pool.name, end)
+    there = rank_id >= 0
+    rank_id, routed, admit, release = rank_id[there], routed[there], admit[there], release[there]
+    length = c.input_length[there]
     queued = np.zeros((n, NUM_POINTS + 1))
     running = np.zeros((n, NUM_POINTS + 1))
     kv_const = np.zeros((n, NUM_POINTS + 1))
     kv_slope = np.zeros((n, NUM_POINTS + 1))
-    reused = np.zeros(n)
-    prompt = np.zeros(n)
-    for r in records:
-        phases = _phases(r, pool.name, end)
-        if phases is None:
-            continue
-        rank_id, route, admit, release = phases
-        _add(queued, rank_id, route, admit, bucket, 1.0)
-        _add(running, rank_id, admit, release, bucket, 1.0)
-        _add_kv(kv_const, kv_slope, r, pool.name, rank_id, admit, release, bucket)
-        if r.terminal_status is Terminal.COMPLETED and pool.name != "decode":
-            reused[rank_id] += r.first_admission_reused_input_tokens
-            prompt[rank_id] += r.input_length
+    ones = np.ones(rank_id.size)
+    _add(queued, rank_id, routed, admit, bucket, ones)
+    _add(running, rank_id, admit, release, bucket, ones)
+    if pool.name == "prefill":
+        _add(kv_const, rank_id, admit, release, bucket, length)
+    else:
+        _add_kv(kv_const, kv_slope, c, there, rank_id, admit, release, bucket)
     times = np.arange(NUM_POINTS) * bucket
     queued_now = np.cumsum(queued, axis=1)[:, :NUM_POINTS]
     running_now = np.cumsum(running, axis=1)[:, :NUM_POINTS]
@@ -205,9 +307,7 @@ def _pool(
         "name": pool.name,
         "num_ranks": n,
         "kv_capacity_tokens": pool.kv_capacity_tokens,
-        "prefix_reuse_ratio": _round(
-            reused[i] / prompt[i] if prompt[i] else None for i in range(n)
-        ),
+        "prefix_reuse_ratio": _reuse_per_rank(c, pool, n),
     }
     if n <= MAX_RANKS_PER_POOL:
         out["per_rank"] = True
@@ -225,71 +325,89 @@ def _pool(
     return out
 
 
-def _phases(r: RequestRecord, pool: str, end: float) -> tuple[int, float, float, float] | None:
-    """(rank, routed, admitted, released) of a request in one pool, or None if it never got there.
+def _reuse_per_rank(c: _Columns, pool: PoolShape, n: int) -> list[Any]:
+    """Completed requests' first-admission reuse on each rank (None: none, or a decode pool)."""
+    if pool.name == "decode":
+        return [None] * n
+    ranks = c.prefill_rank if pool.name == "prefill" else c.decode_rank
+    mine = c.completed & (ranks >= 0)
+    reused = np.bincount(ranks[mine], weights=c.first_reused[mine], minlength=n)
+    prompt = np.bincount(ranks[mine], weights=c.input_length[mine], minlength=n)
+    return _round(reused[i] / prompt[i] if prompt[i] else None for i in range(n))
+
+
+def _phases(
+    c: _Columns, pool: str, end: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each request's (rank, routed, admitted, released) in one pool; rank -1: never there.
 
     A request never admitted is queued until its end; one never released holds
     its rank until the run's end.
     """
-    ended = r.terminal_time_ms if r.terminal_time_ms is not None else end
+    ended = np.where(np.isnan(c.terminal), end, c.terminal)
     if pool == "prefill":
-        rank_id, routed, admit = (
-            r.prefill_worker_idx,
-            r.arrival_time_ms + r.queue_wait_ms,
-            r.prefill_admit_ms,
-        )
-        release = r.source_released_ms if r.source_released_ms is not None else ended
+        rank_id, routed, admit = c.prefill_rank, c.routed, c.prefill_admit
+        release = np.where(np.isnan(c.source_released), ended, c.source_released)
     elif pool == "decode":
-        if r.destination_activated_ms is None:
-            return None
-        rank_id, routed, admit = r.decode_worker_idx, r.destination_activated_ms, r.decode_admit_ms
-        release = ended
+        rank_id = np.where(np.isnan(c.destination_activated), -1, c.decode_rank)
+        routed, admit, release = c.destination_activated, c.decode_admit, ended
     else:
-        rank_id, routed, admit = (
-            r.decode_worker_idx,
-            r.arrival_time_ms + r.queue_wait_ms,
-            r.first_admit_ms,
-        )
-        release = ended
-    if rank_id is None:
-        return None
-    if admit is None:
-        return rank_id, routed, ended, ended
-    return rank_id, routed, admit, max(admit, release)
+        rank_id, routed, admit, release = c.decode_rank, c.routed, c.first_admit, ended
+    never = np.isnan(admit)
+    admit = np.where(never, ended, admit)
+    release = np.where(never, ended, np.maximum(admit, release))
+    return rank_id, routed, admit, release
 
 
-def _span(start: float, stop: float, bucket: float) -> tuple[int, int]:
-    """Bucket starts ``k * bucket`` in ``[start, stop)``, as a range of k."""
-    first = min(math.ceil(start / bucket), NUM_POINTS)
-    last = min(math.ceil(stop / bucket), NUM_POINTS)
-    return first, max(first, last)
+def _span(start: np.ndarray, stop: np.ndarray, bucket: float) -> tuple[np.ndarray, np.ndarray]:
+    """Bucket starts ``k * bucket`` in ``[start, stop)``, as ranges of k."""
+    with np.errstate(invalid="ignore"):
+        first = np.minimum(np.ceil(start / bucket), NUM_POINTS)
+        last = np.minimum(np.ceil(stop / bucket), NUM_POINTS)
+    return first.astype(np.int64), np.maximum(first, last).astype(np.int64)
 
 
-def _add(diff: np.ndarray, row: int, start: float, stop: float, bucket: float, v: float) -> None:
+def _add(
+    diff: np.ndarray,
+    rows: np.ndarray,
+    start: np.ndarray,
+    stop: np.ndarray,
+    bucket: float,
+    values: np.ndarray,
+) -> None:
+    """Add ``values[i]`` to row ``rows[i]`` at every bucket start in ``[start[i], stop[i])``."""
     first, last = _span(start, stop, bucket)
-    if first < last:
-        diff[row, first] += v
-        diff[row, last] -= v
+    some = first < last
+    np.add.at(diff, (rows[some], first[some]), values[some])
+    np.add.at(diff, (rows[some], last[some]), -values[some])
 
 
 def _add_kv(
     const: np.ndarray,
     slope: np.ndarray,
-    r: RequestRecord,
-    pool: str,
-    row: int,
-    admit: float,
-    release: float,
+    c: _Columns,
+    there: np.ndarray,
+    rows: np.ndarray,
+    admit: np.ndarray,
+    release: np.ndarray,
     bucket: float,
 ) -> None:
-    """KV tokens a request holds on its rank, ``const + slope * t`` piece by piece."""
-    if pool == "prefill" or r.first_token_ms is None or r.last_token_ms is None:
-        _add(const, row, admit, release, bucket, r.input_length)
-        return
-    first, last, n = max(admit, r.first_token_ms), r.last_token_ms, r.output_length
-    _add(const, row, admit, first, bucket, r.input_length)
-    if last > first and n > 1:
-        rate = (n - 1) / (last - first)
-        _add(const, row, first, last, bucket, r.input_length + 1 - rate * first)
-        _add(slope, row, first, last, bucket, rate)
-    _add(const, row, max(first, last), release, bucket, r.input_length + n)
+    """KV tokens each request holds on its rank, ``const + slope * t`` piece by piece:
+    its prompt from admission, plus its tokens as emitted (linearly from the first to the
+    last), all of them from the last token to its release."""
+    length = c.input_length[there]
+    n = c.output_length[there]
+    first_token, last_token = c.first_token[there], c.last_token[there]
+    no_token = np.isnan(first_token) | np.isnan(last_token)
+    _add(const, rows[no_token], admit[no_token], release[no_token], bucket, length[no_token])
+    has = ~no_token
+    rows, admit, release, length, n = rows[has], admit[has], release[has], length[has], n[has]
+    first, last = np.maximum(admit, first_token[has]), last_token[has]
+    _add(const, rows, admit, first, bucket, length)
+    linear = (last > first) & (n > 1)
+    rate = np.zeros_like(first)
+    rate[linear] = (n[linear] - 1) / (last[linear] - first[linear])
+    r, f, la = rows[linear], first[linear], last[linear]
+    _add(const, r, f, la, bucket, length[linear] + 1 - rate[linear] * f)
+    _add(slope, r, f, la, bucket, rate[linear])
+    _add(const, rows, np.maximum(first, last), release, bucket, length + n)
