@@ -568,10 +568,10 @@ class _ProgressBar:
         if now - self._last < 0.1 or now - self._started < 1.0:
             return
         self._last = now
+        self._bar.update(self._task, completed=ended, total=total)
         if not self._shown:
             self._bar.start()
             self._shown = True
-        self._bar.update(self._task, completed=ended, total=total)
         self._bar.refresh()
 
     def close(self) -> None:
@@ -691,10 +691,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code.
 
     Ctrl-C prints one line and returns 130. A report is only ever renamed into
-    place whole, so an interrupted run leaves no partial file.
+    place whole, so an interrupted run leaves no partial file. A reader that
+    closes stdout early (``| head``) ends the printing quietly, with 0.
     """
     try:
         return _main(argv)
+    except BrokenPipeError:
+        # The reader of stdout stopped (``servesim replay ... | head``): the run and its
+        # files are complete; say nothing more, and keep Python from complaining at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         if sys.stderr.isatty():
             sys.stderr.write("\r\033[K")  # the progress bar's line

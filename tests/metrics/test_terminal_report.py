@@ -28,7 +28,8 @@ ROWS = [
 
 ONE_REJECTED = """\
 servesim 0.1.0 · simulated serving run
-Cluster   1 worker · vllm · DP 1 × TP 1 = 1 GPU · KV 2,560 tokens/rank (40 × 64-token blocks)
+Cluster   1 worker · vllm · 1 GPU (DP 1 × TP 1 per worker)
+KV cache  2,560 tokens per rank (40 blocks of 64)
 Router    round_robin
 Timing    polynomial (the reference's default fit)
 Workload  trace TRACE: 5 requests
@@ -47,7 +48,7 @@ Requests      5 arrived · 4 completed · 1 rejected · 0 incomplete
 Throughput    0.96 req/s · output 17.1 tok/s · input 889.0 tok/s
 Goodput       3 of 4 completed met the SLA (TTFT ≤ 50 ms): 75.0% attainment, 60.0% of all arrived ·
               0.72 req/s · 12.3 output tok/s
-GPU-hours     0.0012 (workers: 4.2 worker-s × 1 GPU)
+GPU-hours     0.0012 (4.2 worker-seconds × 1 GPU per worker)
 Prefix reuse  53.6% of input tokens served from cache (0.0% at first admission)
 Simulator     wall time 1.23 s (the simulator's own run time, not the served duration) · 5,678
               tokens simulated per second
@@ -58,7 +59,8 @@ requests only.
 
 ALL_REJECTED = """\
 servesim 0.1.0 · simulated serving run
-Cluster   1 worker · vllm · DP 1 × TP 1 = 1 GPU · KV 128 tokens/rank (2 × 64-token blocks)
+Cluster   1 worker · vllm · 1 GPU (DP 1 × TP 1 per worker)
+KV cache  128 tokens per rank (2 blocks of 64)
 Router    round_robin
 Timing    polynomial (the reference's default fit)
 Workload  trace TRACE: 5 requests
@@ -75,7 +77,7 @@ Workload  trace TRACE: 5 requests
 Duration      0.00 s simulated (first arrival to last completion)
 Requests      5 arrived · 0 completed · 5 rejected · 0 incomplete
 Throughput    0.00 req/s · output 0.0 tok/s · input 0.0 tok/s
-GPU-hours     0.0008 (workers: 3.0 worker-s × 1 GPU)
+GPU-hours     0.0008 (3.0 worker-seconds × 1 GPU per worker)
 Prefix reuse  0.0% of input tokens served from cache (0.0% at first admission)
 Simulator     wall time 1.23 s (the simulator's own run time, not the served duration) · 5,678
               tokens simulated per second
@@ -87,7 +89,8 @@ requests only.
 
 TIME_LIMITED = """\
 servesim 0.1.0 · simulated serving run
-Cluster   1 worker · vllm · DP 1 × TP 1 = 1 GPU · KV 64,000 tokens/rank (1,000 × 64-token blocks)
+Cluster   1 worker · vllm · 1 GPU (DP 1 × TP 1 per worker)
+KV cache  64,000 tokens per rank (1,000 blocks of 64)
 Router    round_robin
 Timing    polynomial (the reference's default fit)
 Workload  trace TRACE: 5 requests
@@ -105,7 +108,7 @@ Duration      0.09 s simulated (first arrival to last completion); the run stopp
               1.05 s
 Requests      2 arrived · 1 completed · 0 rejected · 1 incomplete · 3 never arrived (time limit)
 Throughput    10.95 req/s · output 109.5 tok/s · input 10,947.9 tok/s
-GPU-hours     0.0003 (workers: 1.0 worker-s × 1 GPU)
+GPU-hours     0.0003 (1.0 worker-seconds × 1 GPU per worker)
 Prefix reuse  0.0% of input tokens served from cache (0.0% at first admission)
 Simulator     wall time 1.23 s (the simulator's own run time, not the served duration) · 5,678
               tokens simulated per second

@@ -363,8 +363,15 @@ def _json_for_script(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).replace("</", "<\\/")
 
 
+SIMULATOR_SPEED_KEYS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s")
+"""Summary keys that measure the simulator, not the run: left off the page, so the same
+inputs and seed give the same page, byte for byte."""
+
+
 def render_html(document: dict[str, Any]) -> str:
     """The page of a report document (``{"summary", "run", "series"}``)."""
+    summary = {k: v for k, v in document["summary"].items() if k not in SIMULATOR_SPEED_KEYS}
+    document = {**document, "summary": summary}
     page_charts = charts(document)
     payload = {
         "report": document,

@@ -63,17 +63,31 @@ def _pool_line(pool: dict[str, Any]) -> str:
         else f"{role} pool: {_count(workers, 'worker')}"
     )
     gpus = workers * pool["gpus_per_worker"]
-    parallel = f"DP {pool['dp_size']} × TP {pool['tensor_parallel_size']} = {_count(gpus, 'GPU')}"
-    offload = [
-        t for t, on in (("host", pool["host_offload"]), ("disk", pool["disk_offload"])) if on
-    ]
-    kv = (
-        f"KV {pool['kv_capacity_tokens_per_rank']:,} tokens/rank "
-        f"({pool['num_gpu_blocks']:,} × {pool['block_size']}-token blocks)"
-    )
-    if offload:
-        kv += f" + {' and '.join(offload)} offload"
-    return f"{what} · {pool['backend']} · {parallel} · {kv}"
+    parallel = f"DP {pool['dp_size']} × TP {pool['tensor_parallel_size']} per worker"
+    return f"{what} · {pool['backend']} · {_count(gpus, 'GPU')} ({parallel})"
+
+
+def _per_pool(pools: list[dict[str, Any]], parts: list[str]) -> str:
+    """One description for every pool when they agree, else each pool's, named."""
+    if len(set(parts)) == 1:
+        return parts[0]
+    return "; ".join(f"{pool['role']}: {part}" for pool, part in zip(pools, parts, strict=True))
+
+
+def _kv_line(pools: list[dict[str, Any]]) -> str:
+    parts = []
+    for pool in pools:
+        text = (
+            f"{pool['kv_capacity_tokens_per_rank']:,} tokens per rank "
+            f"({pool['num_gpu_blocks']:,} blocks of {pool['block_size']})"
+        )
+        offload = [
+            t for t, on in (("host", pool["host_offload"]), ("disk", pool["disk_offload"])) if on
+        ]
+        if offload:
+            text += f" + {' and '.join(offload)} offload"
+        parts.append(text)
+    return _per_pool(pools, parts)
 
 
 def _timing_line(pools: list[dict[str, Any]]) -> str:
@@ -82,9 +96,8 @@ def _timing_line(pools: list[dict[str, Any]]) -> str:
         speed = ""
         if pool["speedup_ratio"] != 1.0 or pool["decode_speedup_ratio"] != 1.0:
             speed = f", speed-up ×{pool['speedup_ratio']:g} (decode ×{pool['speedup_ratio'] * pool['decode_speedup_ratio']:g})"
-        prefix = f"{pool['role']}: " if len(pools) > 1 else ""
-        parts.append(f"{prefix}{pool['timing_model']}{speed}")
-    return "; ".join(parts)
+        parts.append(f"{pool['timing_model']}{speed}")
+    return _per_pool(pools, parts)
 
 
 def _workload_line(run: dict[str, Any], summary: dict[str, Any]) -> str:
@@ -126,6 +139,7 @@ def _header(run: dict[str, Any], summary: dict[str, Any]) -> RenderableType:
     grid.add_column()
     for pool in run["pools"]:
         grid.add_row("Cluster" if pool is run["pools"][0] else "", _pool_line(pool))
+    grid.add_row("KV cache", _kv_line(run["pools"]))
     grid.add_row("Router", _router_line(run))
     grid.add_row("Timing", _timing_line(run["pools"]))
     grid.add_row("Workload", _workload_line(run, summary))
@@ -177,14 +191,15 @@ def _results(summary: dict[str, Any], run: dict[str, Any]) -> RenderableType:
             f"{_count(s['router_queued_requests'], 'request')} waited, "
             f"mean {_num(s['mean_router_queue_wait_ms'])} ms, max {_num(s['max_router_queue_wait_ms'])} ms",
         )
-    grid.add_row(
-        Text("Simulator", style="dim"),
-        Text(
-            f"wall time {s['wall_time_ms'] / 1000.0:,.2f} s (the simulator's own run time, not "
-            f"the served duration) · {_num(s['processed_tokens_per_s'], 0)} tokens simulated per second",
-            style="dim",
-        ),
-    )
+    if "wall_time_ms" in s:  # not on the HTML page, which stays the same run after run
+        grid.add_row(
+            Text("Simulator", style="dim"),
+            Text(
+                f"wall time {s['wall_time_ms'] / 1000.0:,.2f} s (the simulator's own run time, not "
+                f"the served duration) · {_num(s['processed_tokens_per_s'], 0)} tokens simulated per second",
+                style="dim",
+            ),
+        )
     return grid
 
 
@@ -215,13 +230,13 @@ def _goodput_text(s: dict[str, Any], run: dict[str, Any]) -> str:
 
 def _gpu_text(s: dict[str, Any]) -> str:
     parts = []
+    disaggregated = bool(s["prefill_worker_seconds"])
     for pool in ("prefill", "decode"):
         gpus = s[f"{pool}_gpus_per_worker"]
         seconds = s[f"{pool}_worker_seconds"]
         if gpus and seconds:
-            parts.append(
-                f"{pool if s['prefill_worker_seconds'] else 'workers'}: {seconds:,.1f} worker-s × {gpus} GPU"
-            )
+            name = f"{pool}: " if disaggregated else ""
+            parts.append(f"{name}{seconds:,.1f} worker-seconds × {_count(gpus, 'GPU')} per worker")
     return f"{s['gpu_hours']:,.4f}" + (f" ({'; '.join(parts)})" if parts else "")
 
 
