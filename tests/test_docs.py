@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from servesim import Report, Role, RunConfig, Sla, SyntheticWorkload, parse_engine_args, run
+from servesim.cli import main
 from servesim.config import parse_router_config
 from servesim.metrics.report import HOST_TIER_FIELDS, RECORD_FIELDS, request_row
 from servesim.metrics.stats import STAT_NAMES
@@ -138,3 +139,19 @@ def test_the_api_example_runs_as_written(
         "requests.jsonl",
         "report.html",
     }
+
+
+def test_the_readme_shows_what_its_first_command_prints(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sample output in the README is the example's report (all but the simulator's
+    own wall time and speed, the report's last two lines)."""
+    readme = (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"```\n(servesim \S+ · simulated serving run\n.*?)```", readme, re.S)
+    assert match is not None
+    monkeypatch.chdir(DOCS.parent)
+    assert main(["replay", "examples/mooncake_conversation_200.jsonl", "--num-workers", "4"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    shown = match.group(1).splitlines()
+    assert shown[-2].startswith("Simulator ") and printed[-2].startswith("Simulator ")
+    assert shown[:-2] == printed[:-2]
