@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from servesim import EngineConfig, Report, Role, RunConfig, parse_engine_args, run
+from servesim.metrics import series
 from servesim.metrics.collector import Terminal, latencies
 from servesim.metrics.series import NUM_POINTS, quantiles
 from servesim.metrics.stats import rank
+from servesim.simulation import pool_shapes
 from tests.support import write_trace
 
 # Ten requests on two workers, some sharing a prefix, one too long for the KV cache.
@@ -154,3 +156,19 @@ def test_large_pools_report_mean_and_max_over_ranks(tmp_path: Path) -> None:
     assert not pool["per_rank"] and pool["num_ranks"] == 65
     assert set(pool["running_requests"]) == {"mean", "max"}
     assert max(pool["running_requests"]["max"]) == 1.0
+    # Four requests completed, each on its own rank: none finds another's prefix there.
+    assert pool["prefix_reuse_ratio"]["ranks"] == 4
+    assert pool["prefix_reuse_ratio"]["min"] == pool["prefix_reuse_ratio"]["max"] == 0.0
+
+
+def test_a_large_pool_gives_the_same_mean_and_max_chunk_by_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = write_trace(tmp_path / "trace.jsonl", ROWS)
+    config = RunConfig(trace=trace, engine=EngineConfig(block_size=64), num_workers=70)
+    report = run(config)
+    monkeypatch.setattr(series, "RANKS_PER_CHUNK", 8)
+    chunked = series.build_series(report.records, pool_shapes(config))
+    assert chunked == report.series
+    (pool,) = chunked["pools"]
+    assert max(pool["queued_requests"]["max"]) >= 0 and max(pool["kv_usage_ratio"]["max"]) > 0

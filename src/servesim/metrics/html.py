@@ -245,12 +245,21 @@ def _reuse_charts(doc: dict[str, Any]) -> list[Chart]:
     bars = []
     for i, pool in enumerate(p for p in doc["series"]["pools"] if p["name"] != "decode"):
         ratios = pool["prefix_reuse_ratio"]
+        if isinstance(ratios, dict):  # a large pool: min, mean and max over its ranks
+            names = [
+                f"{pool['name']} {stat} over {ratios['ranks']:,} ranks"
+                for stat in ("min", "mean", "max")
+            ]
+            values = [ratios.get(stat) for stat in ("min", "mean", "max")]
+        else:
+            names = [f"{pool['name'][0]}{r}" for r in range(len(ratios))]
+            values = ratios
         bars.append(
             {
                 "type": "bar",
                 "name": f"{pool['name']} ranks",
-                "x": [f"{pool['name'][0]}{r}" for r in range(len(ratios))],
-                "y": [None if v is None else round(v * 100.0, 4) for v in ratios],
+                "x": names,
+                "y": [None if v is None else round(v * 100.0, 4) for v in values],
                 "marker": {"color": _PALETTE[(i + 2) % len(_PALETTE)]},
             }
         )

@@ -277,63 +277,99 @@ def _tokens(c: _Columns, bucket: float) -> np.ndarray:
     return tokens + np.diff(g)
 
 
+RANKS_PER_CHUNK = 1024
+"""A large pool's ranks are summed and maxed this many at a time (bounded memory)."""
+
+
 def _pool(c: _Columns, pool: PoolShape, bucket: float, end: float) -> dict[str, Any]:
     """Queued, running and KV share per rank of one pool at each bucket start."""
     n = pool.num_ranks
     rank_id, routed, admit, release = _phases(c, pool.name, end)
-    there = rank_id >= 0
-    rank_id, routed, admit, release = rank_id[there], routed[there], admit[there], release[there]
-    length = c.input_length[there]
-    queued = np.zeros((n, NUM_POINTS + 1))
-    running = np.zeros((n, NUM_POINTS + 1))
-    kv_const = np.zeros((n, NUM_POINTS + 1))
-    kv_slope = np.zeros((n, NUM_POINTS + 1))
-    ones = np.ones(rank_id.size)
-    _add(queued, rank_id, routed, admit, bucket, ones)
-    _add(running, rank_id, admit, release, bucket, ones)
-    if pool.name == "prefill":
-        _add(kv_const, rank_id, admit, release, bucket, length)
-    else:
-        _add_kv(kv_const, kv_slope, c, there, rank_id, admit, release, bucket)
-    times = np.arange(NUM_POINTS) * bucket
-    queued_now = np.cumsum(queued, axis=1)[:, :NUM_POINTS]
-    running_now = np.cumsum(running, axis=1)[:, :NUM_POINTS]
-    held = (
-        np.cumsum(kv_const, axis=1)[:, :NUM_POINTS]
-        + times * np.cumsum(kv_slope, axis=1)[:, :NUM_POINTS]
-    )
-    kv = held / pool.kv_capacity_tokens
     out: dict[str, Any] = {
         "name": pool.name,
         "num_ranks": n,
         "kv_capacity_tokens": pool.kv_capacity_tokens,
         "prefix_reuse_ratio": _reuse_per_rank(c, pool, n),
     }
+    keys = ("queued_requests", "running_requests", "kv_usage_ratio")
     if n <= MAX_RANKS_PER_POOL:
+        there = rank_id >= 0
+        state = _state(c, pool, there, rank_id[there], routed, admit, release, bucket, n)
         out["per_rank"] = True
-        out["queued_requests"] = [_round(row) for row in queued_now]
-        out["running_requests"] = [_round(row) for row in running_now]
-        out["kv_usage_ratio"] = [_round(row) for row in kv]
-    else:
-        out["per_rank"] = False
-        for key, values in (
-            ("queued_requests", queued_now),
-            ("running_requests", running_now),
-            ("kv_usage_ratio", kv),
-        ):
-            out[key] = {"mean": _round(values.mean(axis=0)), "max": _round(values.max(axis=0))}
+        for key, values in zip(keys, state, strict=True):
+            out[key] = [_round(row) for row in values]
+        return out
+    # Many ranks: their sum and max, a chunk of ranks at a time, never all ranks' arrays at once.
+    total = np.zeros((3, NUM_POINTS))
+    peak = np.zeros((3, NUM_POINTS))
+    for lo in range(0, n, RANKS_PER_CHUNK):
+        hi = min(n, lo + RANKS_PER_CHUNK)
+        there = (rank_id >= lo) & (rank_id < hi)
+        state = _state(c, pool, there, rank_id[there] - lo, routed, admit, release, bucket, hi - lo)
+        for i, values in enumerate(state):
+            total[i] += values.sum(axis=0)
+            peak[i] = np.maximum(peak[i], values.max(axis=0))
+    out["per_rank"] = False
+    for i, key in enumerate(keys):
+        out[key] = {"mean": _round(total[i] / n), "max": _round(peak[i])}
     return out
 
 
-def _reuse_per_rank(c: _Columns, pool: PoolShape, n: int) -> list[Any]:
-    """Completed requests' first-admission reuse on each rank (None: none, or a decode pool)."""
+def _state(
+    c: _Columns,
+    pool: PoolShape,
+    there: np.ndarray,
+    rows: np.ndarray,
+    routed: np.ndarray,
+    admit: np.ndarray,
+    release: np.ndarray,
+    bucket: float,
+    num_rows: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Queued and running requests and KV share of ``num_rows`` ranks at each bucket start,
+    from the requests selected by ``there`` (on rows ``rows``)."""
+    routed, admit, release = routed[there], admit[there], release[there]
+    queued = np.zeros((num_rows, NUM_POINTS + 1))
+    running = np.zeros((num_rows, NUM_POINTS + 1))
+    kv_const = np.zeros((num_rows, NUM_POINTS + 1))
+    kv_slope = np.zeros((num_rows, NUM_POINTS + 1))
+    ones = np.ones(rows.size)
+    _add(queued, rows, routed, admit, bucket, ones)
+    _add(running, rows, admit, release, bucket, ones)
+    if pool.name == "prefill":
+        _add(kv_const, rows, admit, release, bucket, c.input_length[there])
+    else:
+        _add_kv(kv_const, kv_slope, c, there, rows, admit, release, bucket)
+    times = np.arange(NUM_POINTS) * bucket
+    held = (
+        np.cumsum(kv_const, axis=1)[:, :NUM_POINTS]
+        + times * np.cumsum(kv_slope, axis=1)[:, :NUM_POINTS]
+    )
+    return (
+        np.cumsum(queued, axis=1)[:, :NUM_POINTS],
+        np.cumsum(running, axis=1)[:, :NUM_POINTS],
+        held / pool.kv_capacity_tokens,
+    )
+
+
+def _reuse_per_rank(c: _Columns, pool: PoolShape, n: int) -> list[Any] | dict[str, Any]:
+    """Completed requests' first-admission reuse on each rank (None: none, or a decode pool);
+    for a pool of more than :data:`MAX_RANKS_PER_POOL` ranks, its min, mean and max over the
+    ranks that completed a request, and how many did."""
     if pool.name == "decode":
-        return [None] * n
+        return [None] * n if n <= MAX_RANKS_PER_POOL else {"ranks": 0}
     ranks = c.prefill_rank if pool.name == "prefill" else c.decode_rank
     mine = c.completed & (ranks >= 0)
     reused = np.bincount(ranks[mine], weights=c.first_reused[mine], minlength=n)
     prompt = np.bincount(ranks[mine], weights=c.input_length[mine], minlength=n)
-    return _round(reused[i] / prompt[i] if prompt[i] else None for i in range(n))
+    if n <= MAX_RANKS_PER_POOL:
+        return _round(reused[i] / prompt[i] if prompt[i] else None for i in range(n))
+    served = prompt > 0
+    if not served.any():
+        return {"ranks": 0}
+    ratios = reused[served] / prompt[served]
+    low, mean, high = _round([ratios.min(), ratios.mean(), ratios.max()])
+    return {"ranks": int(served.sum()), "min": low, "mean": mean, "max": high}
 
 
 def _phases(
