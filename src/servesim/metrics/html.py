@@ -160,6 +160,7 @@ def _over_time_charts(doc: dict[str, Any]) -> list[Chart]:
                 "layout": _layout(
                     "simulated time (s)",
                     "output tokens/s",
+                    margin={"l": 70, "r": 70, "t": 10, "b": 50},  # room for the right axis
                     yaxis2={
                         "title": {"text": "requests/s"},
                         "overlaying": "y",
