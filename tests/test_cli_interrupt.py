@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -45,3 +46,26 @@ def test_sigint_stops_a_replay_cleanly(tmp_path: Path) -> None:
             process.communicate()
     assert (process.returncode, stdout, stderr) == (130, "", "servesim: interrupted\n")
     assert list(out.iterdir()) == []
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
+    """``servesim replay ... | head``: stdout is a pipe whose reader has gone; the report file
+    is written, nothing goes to stderr, exit 0."""
+    trace = Path(__file__).parents[1] / "examples" / "mooncake_conversation_200.jsonl"
+    report = tmp_path / "report.json"
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte: the first write fails
+    code = "from servesim.cli import main; raise SystemExit(main())"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, "replay", str(trace), "--report-json", str(report)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert report.is_file()

@@ -106,7 +106,7 @@ def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
             ["repaly"],
             [
                 "servesim: error: argument command: invalid choice: 'repaly' (choose from "
-                "'replay', 'keys'); did you mean 'replay'?",
+                "'replay', 'keys', 'report'); did you mean 'replay'?",
                 "try 'servesim --help'",
             ],
         ),
@@ -226,7 +226,7 @@ def test_readme_example_in_the_help_runs(capsys: pytest.CaptureFixture[str]) -> 
     trace = Path(__file__).parents[1] / "examples" / "mooncake_conversation_200.jsonl"
     code, out, err = _exit(capsys, "replay", str(trace), "--num-workers", "4")
     assert (code, err) == (0, "")
-    assert "Request Count (requests)" in out
+    assert "200 arrived · 200 completed · 0 rejected · 0 incomplete" in out
 
 
 # --- servesim keys --------------------------------------------------------------------------

@@ -102,7 +102,10 @@ def test_the_collector_is_off_during_the_replay_and_back_on_after(
 ) -> None:
     """Progress callbacks run inside the replay: they see the collector off."""
     seen: list[bool] = []
-    run(config_of(trace, CLUSTERS["aggregated"]), progress=lambda _: seen.append(gc.isenabled()))
+    run(
+        config_of(trace, CLUSTERS["aggregated"]),
+        progress=lambda _ended, _total: seen.append(gc.isenabled()),
+    )
     assert seen and not any(seen)
     assert gc.isenabled()
 

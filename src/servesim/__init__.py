@@ -1,9 +1,28 @@
-"""servesim: replay LLM serving workloads on a simulated cluster, in virtual time."""
+"""servesim: replay LLM serving workloads on a simulated cluster, in virtual time.
+
+The API in one breath: build a :class:`RunConfig` (a trace path, str or
+Path, or a :class:`SyntheticWorkload`; the cluster; engine and router
+configs), :func:`run` it, and read the :class:`Report` (``summary``,
+``records``, ``to_json()``, ``table()``, ``to_html()``, ``save()``).
+``docs/api.md`` has examples.
+"""
 
 from importlib.metadata import PackageNotFoundError, version
 
-from servesim.config import EngineConfig, Role, parse_engine_args
-from servesim.errors import ConfigError, ServesimError, SimulationError, TraceError
+from servesim.config import (
+    Backend,
+    DiskOffloadConfig,
+    EngineConfig,
+    HostOffloadConfig,
+    Role,
+    RouterConfig,
+    SglangConfig,
+    TimingModelConfig,
+    parse_engine_args,
+    parse_router_config,
+)
+from servesim.errors import ConfigError, ReportError, ServesimError, SimulationError, TraceError
+from servesim.metrics.collector import RequestRecord, Terminal
 from servesim.metrics.summary import Sla
 from servesim.simulation import Report, RunConfig, SyntheticWorkload, run
 
@@ -13,17 +32,27 @@ except PackageNotFoundError:  # a source tree on sys.path that was never install
     __version__ = "0+unknown"
 
 __all__ = [
+    "Backend",
     "ConfigError",
+    "DiskOffloadConfig",
     "EngineConfig",
+    "HostOffloadConfig",
     "Report",
+    "ReportError",
+    "RequestRecord",
     "Role",
+    "RouterConfig",
     "RunConfig",
     "ServesimError",
+    "SglangConfig",
     "SimulationError",
     "Sla",
     "SyntheticWorkload",
+    "Terminal",
+    "TimingModelConfig",
     "TraceError",
     "__version__",
     "parse_engine_args",
+    "parse_router_config",
     "run",
 ]

@@ -12,11 +12,22 @@ import difflib
 import math
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 import servesim
 from servesim.config import (
@@ -31,9 +42,11 @@ from servesim.config import (
     router_keys,
 )
 from servesim.errors import ConfigError, ServesimError
-from servesim.metrics.report import render_table, write_report_json, write_requests_jsonl
+from servesim.metrics.html import write_html
+from servesim.metrics.report import read_report_json
 from servesim.metrics.summary import Sla
-from servesim.simulation import RunConfig, SyntheticWorkload, count_requests, run
+from servesim.metrics.terminal import render_text, renderables
+from servesim.simulation import RunConfig, SyntheticWorkload, run
 from servesim.workload.mooncake import STDIN
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)")
@@ -149,7 +162,8 @@ examples:
   servesim replay examples/mooncake_conversation_200.jsonl --num-workers 4
   servesim replay trace.jsonl.gz --num-workers 8 --router-mode kv_router --report-json report.json
   servesim replay --input-tokens 2000 --output-tokens 300 --request-count 1000 \\
-      --request-rate 20 --num-workers 4 --sla-ttft-ms 500 --sla-itl-ms 40
+      --request-rate 20 --num-workers 4 --sla-ttft-ms 500 --sla-itl-ms 40 --html run.html
+  servesim report report.json --html report.html
 
 'servesim keys' lists every engine and router key with its default.
 """
@@ -177,8 +191,21 @@ def build_parser() -> _Parser:
         description="List every key --extra-engine-args (and the P/D engine flags) and\n"
         "--router-config accept, with its default and meaning.",
     )
+    report = sub.add_parser(
+        "report",
+        help="print a saved report (servesim replay --report-json) and write its HTML page",
+        description="Print the report a 'servesim replay --report-json' run saved, and with\n"
+        "--html write its self-contained HTML page.",
+        epilog="example:\n  servesim report report.json --html report.html\n",
+    )
+    report.add_argument("report_file", type=Path, metavar="REPORT", help="a report JSON file")
+    report.add_argument(
+        "--html", metavar="PATH", type=Path, help="write the report's HTML page here"
+    )
+    report.add_argument("--quiet", action="store_true", help="print nothing")
     p.set_defaults(command_parser=p)
     keys.set_defaults(command_parser=keys)
+    report.set_defaults(command_parser=report)
     _add_replay_arguments(p)
     return parser
 
@@ -352,7 +379,13 @@ def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="write one record per request here (a directory: inside it)",
     )
-    o.add_argument("--quiet", action="store_true", help="print no table")
+    o.add_argument(
+        "--html",
+        metavar="PATH",
+        type=Path,
+        help="write a self-contained HTML page with the run's charts here",
+    )
+    o.add_argument("--quiet", action="store_true", help="print no report and no progress")
 
 
 # Synthetic workload flags a trace replay refuses: (flag, argparse dest).
@@ -505,27 +538,47 @@ def _engines(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
     }
 
 
-def _progress_bar(total: int | None) -> Callable[[int], None] | None:
-    """A stderr progress bar that appears once a run has taken two seconds (terminals only)."""
-    if not sys.stderr.isatty():
-        return None
-    started = time.monotonic()
-    last = [0.0]
+class _ProgressBar:
+    """Requests ended out of the workload's, with the time left, on stderr.
 
-    def update(done: int) -> None:
+    It appears once a run has taken a second (a short run prints none) and
+    vanishes when the run ends; it is redrawn at most ten times a second.
+    """
+
+    def __init__(self) -> None:
+        self._bar = Progress(
+            TextColumn("replaying"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("requests"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+            auto_refresh=False,
+        )
+        self._task = self._bar.add_task("replay", total=None)
+        self._started = time.monotonic()
+        self._shown = False
+        self._last = 0.0
+
+    def __call__(self, ended: int, total: int) -> None:
         now = time.monotonic()
-        if now - started < 2.0 or now - last[0] < 0.2:
+        if now - self._last < 0.1 or now - self._started < 1.0:
             return
-        last[0] = now
-        if total:
-            filled = int(30 * done / total)
-            bar = "#" * filled + "-" * (30 - filled)
-            sys.stderr.write(f"\r[{bar}] {done}/{total} requests")
-        else:
-            sys.stderr.write(f"\r{done} requests finished")
-        sys.stderr.flush()
+        self._last = now
+        self._bar.update(self._task, completed=ended, total=total)
+        if not self._shown:
+            self._bar.start()
+            self._shown = True
+        self._bar.refresh()
 
-    return update
+    def close(self) -> None:
+        """Remove the bar (if it was shown)."""
+        if self._shown:
+            self._bar.stop()
+            self._shown = False
 
 
 def check_writable(path: Path, flag: str) -> None:
@@ -585,10 +638,10 @@ def estimate_memory_bytes(config: RunConfig) -> tuple[int, str]:
     if config.synthetic is not None:
         total += config.synthetic.request_count * _BYTES_PER_SYNTHETIC_REQUEST
         basis += ", " + _count(config.synthetic.request_count, "request")
-    elif config.trace is not None and config.trace != STDIN:
+    elif config.trace_path is not None and config.trace_path != STDIN:
         try:
-            size = config.trace.stat().st_size
-            with config.trace.open("rb") as handle:
+            size = config.trace_path.stat().st_size
+            with config.trace_path.open("rb") as handle:
                 if handle.read(2) == b"\x1f\x8b":
                     size *= _GZIP_RATIO
         except OSError:  # an unreadable trace is reported when the replay reads it
@@ -638,10 +691,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code.
 
     Ctrl-C prints one line and returns 130. A report is only ever renamed into
-    place whole, so an interrupted run leaves no partial file.
+    place whole, so an interrupted run leaves no partial file. A reader that
+    closes stdout early (``| head``) ends the printing quietly, with 0.
     """
     try:
         return _main(argv)
+    except BrokenPipeError:
+        # The reader of stdout stopped (``servesim replay ... | head``): the run and its
+        # files are complete; say nothing more, and keep Python from complaining at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         if sys.stderr.isatty():
             sys.stderr.write("\r\033[K")  # the progress bar's line
@@ -658,28 +718,34 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "keys":
         print(render_keys())
         return 0
+    if args.command == "report":
+        return _report_command(args)
     # As the reference: an existing directory gets the report inside it.
     if args.report_json is not None and args.report_json.is_dir():
         args.report_json = args.report_json / "servesim_report.json"
     if args.per_request_jsonl is not None and args.per_request_jsonl.is_dir():
         args.per_request_jsonl = args.per_request_jsonl / "servesim_requests.jsonl"
+    if args.html is not None and args.html.is_dir():
+        args.html = args.html / "servesim_report.html"
     try:
         for path, flag in (
             (args.report_json, "--report-json"),
             (args.per_request_jsonl, "--per-request-jsonl"),
+            (args.html, "--html"),
         ):
             if path is not None:
                 check_writable(path, flag)
         config = config_from_args(args, command_parser)
         _warn_if_large(config)
-        progress = None if args.quiet else _progress_bar(count_requests(config))
-        report = run(config, progress=progress)
-        if progress is not None:
-            sys.stderr.write("\r\033[K")
-        if args.report_json is not None:
-            write_report_json(args.report_json, report.summary)
-        if args.per_request_jsonl is not None:
-            write_requests_jsonl(args.per_request_jsonl, report.records)
+        bar = _ProgressBar() if not args.quiet and sys.stderr.isatty() else None
+        try:
+            report = run(config, progress=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        report.save(
+            json_path=args.report_json, jsonl_path=args.per_request_jsonl, html_path=args.html
+        )
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -687,13 +753,48 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"servesim: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
     if not args.quiet:
-        print(render_table(report.summary))
-        if report.time_limited:
-            print(
-                "Stopped at --max-sim-time-seconds: unfinished requests are reported as incomplete."
-            )
-        if args.report_json is not None:
-            print(f"Saved full report to: {args.report_json}")
+        _print(report.document())
+        for path, what in ((args.report_json, "full report"), (args.html, "HTML report")):
+            if path is not None:
+                print(f"Saved {what} to: {path}")
+    return 0
+
+
+def _print(document: dict[str, Any]) -> None:
+    """The terminal report on stdout: the terminal's width and colours, or 100 plain columns."""
+    tty = sys.stdout.isatty()
+    width = shutil.get_terminal_size().columns if tty else 100
+    print(render_text(document, width=width, color=tty))
+
+
+def _report_command(args: argparse.Namespace) -> int:
+    """``servesim report REPORT.json [--html PATH]``."""
+    html = args.html
+    if html is not None and html.is_dir():
+        html = html / "servesim_report.html"
+    try:
+        if html is not None:
+            check_writable(html, "--html")
+        document = read_report_json(args.report_file)
+        renderables(document)  # every key the report needs is there (or KeyError below)
+        if html is not None:
+            write_html(html, document)
+    except ServesimError as exc:
+        print(f"servesim: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        print(f"servesim: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except (KeyError, TypeError) as exc:  # a section that lacks what the renderers read
+        print(
+            f"servesim: error: {args.report_file}: not a servesim report (missing or malformed {exc})",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.quiet:
+        _print(document)
+        if html is not None:
+            print(f"Saved HTML report to: {html}")
     return 0
 
 

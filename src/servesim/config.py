@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -161,9 +162,20 @@ class TimingModelConfig:
     ``decode_ms`` for one that decodes anything)."""
 
     type: str = "polynomial"
-    path: str | None = None
+    path: str | os.PathLike[str] | None = None
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.path is not None and not isinstance(self.path, str):
+            # A Path names the profile as well as a str; the config keeps the str.
+            object.__setattr__(self, "path", os.fspath(self.path))
+
+    @property
+    def profile(self) -> str:
+        """The measured profile's path (``interpolated`` only)."""
+        assert self.path is not None, "an interpolated timing model has a path"
+        return os.fspath(self.path)
 
 
 def _timing_model(key: str, value: Any) -> TimingModelConfig:

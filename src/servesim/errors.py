@@ -26,3 +26,7 @@ class SimulationError(ServesimError):
     """The simulation reached a state it cannot leave (e.g. a request that can never fit)."""
 
     exit_code = 1
+
+
+class ReportError(ServesimError):
+    """A report file given to ``servesim report`` cannot be read or lacks a section."""

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
+import os
 import random
 import time  # only to report the host's wall time beside the simulated results (never the sim clock)
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +22,24 @@ from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.collector import Collector, RequestRecord
+from servesim.metrics.html import render_html, write_html
+from servesim.metrics.report import (
+    document_json,
+    parse_report_json,
+    report_document,
+    write_report_json,
+    write_requests_jsonl,
+)
+from servesim.metrics.series import PoolShape, build_series
 from servesim.metrics.summary import Cost, Sla, summarize
+from servesim.metrics.terminal import render_text
 from servesim.router.affinity import MODES as AFFINITY_MODES
 from servesim.router.affinity import SessionAffinity
 from servesim.router.indexer import KvIndexer
 from servesim.router.kv_router import KvRouter
 from servesim.router.routing import KvPolicy, PlacementPolicy, RoundRobinPolicy
 from servesim.workload.admission import AdmissionQueue
-from servesim.workload.mooncake import read_mooncake
+from servesim.workload.mooncake import STDIN, read_mooncake
 from servesim.workload.request import Session
 from servesim.workload.sharing import mark_shared_blocks
 from servesim.workload.synthetic import synthetic_sessions
@@ -70,7 +82,7 @@ class RunConfig:
     fast-forward is tested against).
     """
 
-    trace: Path | None = None
+    trace: str | os.PathLike[str] | None = None
     synthetic: SyntheticWorkload | None = None
     trace_block_size: int = 512
     arrival_speedup_ratio: float = 1.0
@@ -90,6 +102,16 @@ class RunConfig:
     seed: int = 42
     exact_passes: bool = False
 
+    def __post_init__(self) -> None:
+        if self.trace is not None and not isinstance(self.trace, Path):
+            # A str or any path-like names the trace as well as a Path does.
+            object.__setattr__(self, "trace", Path(self.trace))
+
+    @property
+    def trace_path(self) -> Path | None:
+        """The trace as a :class:`~pathlib.Path` (None: a synthetic workload)."""
+        return None if self.trace is None else Path(self.trace)
+
     @property
     def disaggregated(self) -> bool:
         """Prefill and decode run on separate pools."""
@@ -98,19 +120,84 @@ class RunConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
-    """A finished replay: the summary and the per-request records."""
+    """A finished replay: the summary, what was simulated, the plotted series and the records.
+
+    Attributes:
+        summary: the reference's summary keys (``docs/report.md``).
+        run: the cluster and workload that were simulated (:func:`describe_run`).
+        series: what the HTML page plots, derived from the records
+            (:mod:`servesim.metrics.series`).
+        records: one record per request that arrived, in arrival order.
+        time_limited: the run stopped at ``max_sim_time_ms``.
+    """
 
     summary: dict[str, Any]
+    run: dict[str, Any]
+    series: dict[str, Any]
     records: list[RequestRecord]
     time_limited: bool
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        """A report from the text :meth:`to_json` wrote (or ``--report-json`` saved).
+
+        The file holds no per-request records (the JSONL does): ``records`` is
+        empty. ``to_json``, ``table`` and ``to_html`` give what the original gave.
+
+        Raises:
+            ReportError: the text is not JSON or lacks a section.
+        """
+        document = parse_report_json(text, source="report")
+        return cls(
+            summary=document["summary"],
+            run=document["run"],
+            series=document["series"],
+            records=[],
+            time_limited=bool(document["run"].get("time_limited", False)),
+        )
+
+    def document(self) -> dict[str, Any]:
+        """The report file's content: ``summary``, ``run`` and ``series``."""
+        return report_document(self.summary, run=self.run, series=self.series)
+
+    def to_json(self) -> str:
+        """The report file's text (what ``--report-json`` writes): sorted keys, indent 2."""
+        return document_json(self.document())
+
+    def table(self, *, width: int = 100, color: bool = False) -> str:
+        """The terminal report as plain text (ANSI colours with ``color``)."""
+        return render_text(self.document(), width=width, color=color)
+
+    def to_html(self) -> str:
+        """The self-contained HTML page of this run (what ``--html`` writes)."""
+        return render_html(self.document())
+
+    def save(
+        self,
+        *,
+        json_path: str | os.PathLike[str] | None = None,
+        jsonl_path: str | os.PathLike[str] | None = None,
+        html_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Write any of the report JSON, the per-request JSONL and the HTML page, each whole.
+
+        Raises:
+            OSError: a path cannot be written.
+        """
+        if json_path is not None:
+            write_report_json(Path(json_path), self.document())
+        if jsonl_path is not None:
+            write_requests_jsonl(Path(jsonl_path), self.records)
+        if html_path is not None:
+            write_html(Path(html_path), self.document())
 
 
 def _sessions(config: RunConfig) -> list[Session]:
     if (config.trace is None) == (config.synthetic is None):
         raise ConfigError("give either a trace file or a synthetic workload, not both or neither")
-    if config.trace is not None:
+    if config.trace_path is not None:
         return read_mooncake(
-            config.trace,
+            config.trace_path,
             trace_block_size=config.trace_block_size,
             need_timestamps=config.replay_concurrency is None,
         )
@@ -146,8 +233,12 @@ def _sessions(config: RunConfig) -> list[Session]:
     )
 
 
-def run(config: RunConfig, *, progress: Callable[[int], None] | None = None) -> Report:
+def run(config: RunConfig, *, progress: Callable[[int, int], None] | None = None) -> Report:
     """Replay the workload on the configured cluster and summarise what users would see.
+
+    ``progress``, when given, is called as ``progress(ended, total)`` each time
+    a request ends (completed or rejected), ``total`` being the requests the
+    workload holds.
 
     Python's cyclic garbage collector is paused for the replay (and resumed
     as it was found): see :func:`_collector_paused`.
@@ -181,8 +272,10 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report:
+def _replay(config: RunConfig, progress: Callable[[int, int], None] | None) -> Report:
     sessions = _sessions(config)
+    total = sum(len(s.turns) for s in sessions)
+    hook = None if progress is None else functools.partial(_report_progress, progress, total)
     engine = config.prefill_engine or config.engine
     if engine.backend is not Backend.SGLANG:
         # The vLLM block pool hashes only blocks another request could match (the
@@ -192,7 +285,7 @@ def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report
         sessions, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
     )
     collector = Collector()
-    ledger = Ledger(collector, admission, progress)
+    ledger = Ledger(collector, admission, hook)
     completions: list[tuple[float, int, int]] = []
     disk = None
     if engine.g3_offload is not None:
@@ -210,7 +303,127 @@ def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report
         summary["g3_offload"] = disk.summary()
     if shared_host is not None:
         summary["g2_domains"] = [shared_host.occupancy()]
-    return Report(summary=summary, records=collector.records, time_limited=outcome.time_limited)
+    return Report(
+        summary=summary,
+        run=describe_run(
+            config, sessions=len(sessions), requests=total, time_limited=outcome.time_limited
+        ),
+        series=build_series(collector.records, pool_shapes(config)),
+        records=collector.records,
+        time_limited=outcome.time_limited,
+    )
+
+
+def _timing(engine: EngineConfig) -> str:
+    tm = engine.timing_model
+    if tm.type == "interpolated":
+        return f"measured profile {Path(tm.profile).name}"
+    if tm.type == "fixed":
+        return f"fixed: prefill {tm.prefill_ms:g} ms, decode {tm.decode_ms:g} ms per pass"
+    return "polynomial (the reference's default fit)"
+
+
+def _pool_info(role: str, workers: int, engine: EngineConfig) -> dict[str, Any]:
+    return {
+        "role": role,
+        "workers": workers,
+        "backend": str(engine.backend),
+        "dp_size": engine.dp_size,
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "gpus_per_worker": engine.gpus_per_worker,
+        "block_size": engine.block_size,
+        "num_gpu_blocks": engine.num_gpu_blocks,
+        "kv_capacity_tokens_per_rank": engine.total_kv_tokens,
+        "max_num_seqs": engine.max_num_seqs,
+        "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "enable_prefix_caching": engine.enable_prefix_caching,
+        "timing_model": _timing(engine),
+        "speedup_ratio": engine.speedup_ratio,
+        "decode_speedup_ratio": engine.decode_speedup_ratio,
+        "host_offload": engine.native_host_offload is not None,
+        "disk_offload": engine.g3_offload is not None,
+    }
+
+
+def describe_run(
+    config: RunConfig, *, sessions: int, requests: int, time_limited: bool
+) -> dict[str, Any]:
+    """The report's ``run`` section: the cluster and workload simulated (``docs/report.md``)."""
+    if config.disaggregated:
+        assert config.prefill_engine is not None and config.decode_engine is not None
+        pools = [
+            _pool_info("prefill", config.num_prefill_workers, config.prefill_engine),
+            _pool_info("decode", config.num_decode_workers, config.decode_engine),
+        ]
+    else:
+        pools = [_pool_info("aggregated", config.num_workers, config.engine)]
+    workload: dict[str, Any]
+    if config.trace is not None:
+        workload = {
+            "kind": "trace",
+            "trace": "<stdin>" if config.trace_path == STDIN else str(config.trace),
+            "trace_block_size": config.trace_block_size,
+            "arrival_speedup_ratio": config.arrival_speedup_ratio,
+        }
+    else:
+        assert config.synthetic is not None
+        workload = {"kind": "synthetic", **asdict(config.synthetic)}
+    workload["sessions"] = sessions
+    workload["requests"] = requests
+    workload["replay_concurrency"] = config.replay_concurrency
+    router: dict[str, Any] = {"mode": config.router_mode}
+    if config.router_mode == "kv_router":
+        router["session_affinity"] = config.session_affinity
+        router["kv_event_lag_ms"] = config.kv_event_lag_ms
+        router["config"] = asdict(config.router)
+    return {
+        "servesim_version": _version(),
+        "disaggregated": config.disaggregated,
+        "pools": pools,
+        "router": router,
+        "workload": workload,
+        "sla": {k: v for k, v in asdict(config.sla).items() if v is not None},
+        "seed": config.seed,
+        "max_sim_time_ms": config.max_sim_time_ms,
+        "time_limited": time_limited,
+    }
+
+
+def _version() -> str:
+    from servesim import __version__  # the package imports this module first
+
+    return __version__
+
+
+def pool_shapes(config: RunConfig) -> list[PoolShape]:
+    """Each pool's ranks and their KV capacity, for the report's series."""
+    if not config.disaggregated:
+        e = config.engine
+        return [
+            PoolShape(
+                name="aggregated",
+                num_ranks=config.num_workers * e.dp_size,
+                kv_capacity_tokens=e.total_kv_tokens,
+            )
+        ]
+    p, d = config.prefill_engine, config.decode_engine
+    assert p is not None and d is not None
+    return [
+        PoolShape(
+            name="prefill",
+            num_ranks=config.num_prefill_workers * p.dp_size,
+            kv_capacity_tokens=p.total_kv_tokens,
+        ),
+        PoolShape(
+            name="decode",
+            num_ranks=config.num_decode_workers * d.dp_size,
+            kv_capacity_tokens=d.total_kv_tokens,
+        ),
+    ]
+
+
+def _report_progress(progress: Callable[[int, int], None], total: int, ended: int) -> None:
+    progress(ended, total)
 
 
 def _validate(config: RunConfig) -> None:
@@ -467,11 +680,3 @@ def _flow(
         prefill_gpus_per_worker=prefill.gpus_per_worker,
         decode_gpus_per_worker=decode.gpus_per_worker,
     )
-
-
-def count_requests(config: RunConfig) -> int | None:
-    """How many requests the workload holds, when known cheaply (for progress bars)."""
-    syn = config.synthetic
-    if syn is not None:
-        return syn.request_count * syn.turns_per_session
-    return None

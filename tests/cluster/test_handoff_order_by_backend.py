@@ -83,7 +83,7 @@ def test_every_handoff_follows_its_backends_order(
             num_decode_workers=2,
         )
     )
-    assert all(r.num_tokens == 20 for r in report.records)
+    assert all(r.output_length == 20 for r in report.records)
     coordinators = RecordingCoordinator.made
     assert len(coordinators) == 12
     for coordinator in coordinators:

@@ -49,7 +49,7 @@ def replay(
             exact_passes=exact_passes,
         )
     )
-    return sorted(report.records, key=lambda r: (r.arrival_ms, r.uid))
+    return sorted(report.records, key=lambda r: (r.arrival_time_ms, r.uid))
 
 
 def timeline(record: RequestRecord) -> list[float | None]:
@@ -79,7 +79,11 @@ def test_a_prefill_worker_loads_a_host_prefix_before_its_prefill_pass(
         exact_passes=exact_passes,
     )
     assert timeline(b) == [102.0, 112.0, 112.0, 112.0, 112.0, 112.0, 113.0, 114.0]
-    assert (b.reused, b.first_reused - (b.first_host_reused or 0), b.first_host_reused) == (
+    assert (
+        b.reused_input_tokens,
+        b.first_admission_reused_input_tokens - (b.first_admission_host_reused_input_tokens or 0),
+        b.first_admission_host_reused_input_tokens,
+    ) == (
         48,
         32,
         16,
@@ -95,7 +99,7 @@ def test_the_first_admission_split_is_absent_without_a_prefill_host_tier(tmp_pat
         prefill={"num_gpu_blocks": 6},
         decode={"num_gpu_blocks": 16, "native_host_offload": host()},
     )
-    assert (b.reused, b.first_host_reused) == (32, None)
+    assert (b.reused_input_tokens, b.first_admission_host_reused_input_tokens) == (32, None)
     assert (b.first_token_ms, b.last_token_ms) == (111.0, 112.0)
 
 
@@ -140,7 +144,11 @@ def test_a_request_preempted_on_a_decode_worker_reloads_its_prompt_from_host(
         exact_passes=exact_passes,
     )
     assert a.last_token_ms == 100.0
-    assert (c.first_token_ms, c.last_token_ms, c.decode_reused) == (21.0, last_token, 32)
+    assert (c.first_token_ms, c.last_token_ms, c.decode_reused_input_tokens) == (
+        21.0,
+        last_token,
+        32,
+    )
 
 
 def test_without_a_host_tier_the_preempted_request_recomputes(tmp_path: Path) -> None:
@@ -151,7 +159,7 @@ def test_without_a_host_tier_the_preempted_request_recomputes(tmp_path: Path) ->
         prefill={"num_gpu_blocks": 16},
         decode={"num_gpu_blocks": 8},
     )
-    assert (c.last_token_ms, c.decode_reused) == (137.0, 0)
+    assert (c.last_token_ms, c.decode_reused_input_tokens) == (137.0, 0)
 
 
 def test_a_request_whose_kv_arrived_goes_before_a_preempted_one(tmp_path: Path) -> None:
@@ -164,7 +172,7 @@ def test_a_request_whose_kv_arrived_goes_before_a_preempted_one(tmp_path: Path) 
         decode={"num_gpu_blocks": 8, "native_host_offload": host()},
     )
     assert timeline(f) == [50.0, 60.0, 60.0, 60.0, 60.0, 60.0, 61.0, 62.0]
-    assert (c.last_token_ms, c.decode_reused) == (139.0, 32)
+    assert (c.last_token_ms, c.decode_reused_input_tokens) == (139.0, 32)
 
 
 def test_a_store_refused_in_the_prefill_pass_is_lost(tmp_path: Path) -> None:
@@ -185,7 +193,11 @@ def test_a_store_refused_in_the_prefill_pass_is_lost(tmp_path: Path) -> None:
         decode={"num_gpu_blocks": 16},
     )
     assert timeline(c) == [11.5, 36.0, 36.0, 36.0, 36.0, 36.0, 37.0, 38.0]
-    assert (b.prefill_admit_ms, b.reused, b.first_host_reused) == (100.0, 32, 0)
+    assert (
+        b.prefill_admit_ms,
+        b.reused_input_tokens,
+        b.first_admission_host_reused_input_tokens,
+    ) == (100.0, 32, 0)
 
 
 def test_a_disk_tier_is_refused_on_prefill_and_decode_workers() -> None:

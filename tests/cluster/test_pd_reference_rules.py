@@ -234,8 +234,13 @@ def test_destination_missing_moves_only_the_blocks_the_decode_rank_lacks(
             [624.011197, 624.011197, 630.722083, 630.722083, 630.722083, 636.513568, 659.680020],
         ],
     )
-    assert [r.decode_reused for r in records] == [0, 0, 0, 0]
-    assert [r.reused for r in records] == [0, 960, 1024, 512]  # the prefill side's prefix hits
+    assert [r.decode_reused_input_tokens for r in records] == [0, 0, 0, 0]
+    assert [r.reused_input_tokens for r in records] == [
+        0,
+        960,
+        1024,
+        512,
+    ]  # the prefill side's prefix hits
 
 
 @modes

@@ -60,9 +60,9 @@ def test_an_arrival_at_a_transfer_end_sees_that_handoff_finished(tmp_path: Path,
     x, y = sorted(report.records, key=lambda r: r.uid)
     assert x.destination_activated_ms == TRANSFER_END
     assert x.source_released_ms == TRANSFER_END
-    assert y.arrival_ms == TRANSFER_END
+    assert y.arrival_time_ms == TRANSFER_END
     assert y.prefill_worker == x.prefill_worker
-    assert y.reused == 192
+    assert y.reused_input_tokens == 192
     assert (y.source_held_ms, y.first_token_ms, y.last_token_ms) == (
         52.4998214,
         64.9770738,

@@ -46,7 +46,7 @@ def replay(tmp_path: Path, prefill_gb_s: float, decode_gb_s: float) -> Report:
 
 
 def activations(report: Report) -> list[float | None]:
-    records = sorted(report.records, key=lambda r: (r.arrival_ms, r.uid))
+    records = sorted(report.records, key=lambda r: (r.arrival_time_ms, r.uid))
     assert [r.source_held_ms for r in records] == [pytest.approx(t, abs=1e-6) for t in HELD]
     return [r.destination_activated_ms for r in records]
 

@@ -70,7 +70,7 @@ def replay(
 def activations(report: Report) -> list[float | None]:
     return [
         r.destination_activated_ms
-        for r in sorted(report.records, key=lambda r: (r.arrival_ms, r.uid))
+        for r in sorted(report.records, key=lambda r: (r.arrival_time_ms, r.uid))
     ]
 
 
@@ -81,7 +81,9 @@ def test_transfer_times_by_hand() -> None:
 
 def test_independent_transfers_match_the_reference_timeline(tmp_path: Path) -> None:
     """Each transfer takes its own standalone time, however many share the link."""
-    records = sorted(replay(tmp_path, "independent").records, key=lambda r: (r.arrival_ms, r.uid))
+    records = sorted(
+        replay(tmp_path, "independent").records, key=lambda r: (r.arrival_time_ms, r.uid)
+    )
     for record, (held, activated, first, last) in zip(records, REFERENCE, strict=True):
         assert record.source_held_ms == pytest.approx(held, abs=1e-6)
         assert record.destination_reserved_ms == pytest.approx(held, abs=1e-6)
@@ -94,7 +96,9 @@ def test_independent_transfers_match_the_reference_timeline(tmp_path: Path) -> N
 
 def test_independent_transfer_time_is_bytes_over_bandwidth(tmp_path: Path) -> None:
     """Activation - reservation is exactly the standalone transfer time of the whole prompt."""
-    records = sorted(replay(tmp_path, "independent").records, key=lambda r: (r.arrival_ms, r.uid))
+    records = sorted(
+        replay(tmp_path, "independent").records, key=lambda r: (r.arrival_time_ms, r.uid)
+    )
     for record in records:
         assert record.destination_activated_ms is not None
         assert record.destination_reserved_ms is not None
@@ -105,7 +109,7 @@ def test_independent_transfer_time_is_bytes_over_bandwidth(tmp_path: Path) -> No
 def test_shared_link_splits_the_bandwidth_between_simultaneous_transfers(tmp_path: Path) -> None:
     """Servesim's default: the two 1,000-token transfers share one link, each at half rate,
     so both end after 2 x 13.1072 ms; the later request has the link to itself."""
-    records = sorted(replay(tmp_path, "shared").records, key=lambda r: (r.arrival_ms, r.uid))
+    records = sorted(replay(tmp_path, "shared").records, key=lambda r: (r.arrival_time_ms, r.uid))
     expected = [
         48.552296 + 2 * transfer_ms(1000),
         48.552296 + 2 * transfer_ms(1000),

@@ -71,7 +71,10 @@ def test_the_reference_holds_the_request_back_until_the_running_one_ends(tmp_pat
             engine=parse_engine_args({"block_size": 64, "num_gpu_blocks": 8}),
         )
     )
-    got = [(r.first_admit_ms, r.first_token_ms, r.last_token_ms, r.reused) for r in report.records]
+    got = [
+        (r.first_admit_ms, r.first_token_ms, r.last_token_ms, r.reused_input_tokens)
+        for r in report.records
+    ]
     assert got == [
         (0.0, 20.415971000000003, 20.415971000000003, 0),
         (0.0, 20.415971000000003, 133.370946, 0),

@@ -33,7 +33,7 @@ def test_an_arrival_at_a_pass_end_is_admitted_at_once(tmp_path: Path, exact_pass
         )
     )
     a, b = report.records
-    assert b.arrival_ms == SIXTH_TOKEN_OF_A
+    assert b.arrival_time_ms == SIXTH_TOKEN_OF_A
     assert b.first_admit_ms == SIXTH_TOKEN_OF_A
     assert (a.first_token_ms, a.last_token_ms) == (18.023974000000003, 202.700838)
     assert (b.first_token_ms, b.last_token_ms) == (70.51993399999999, 93.523404)

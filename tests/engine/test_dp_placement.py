@@ -56,13 +56,13 @@ def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def test_placements_walk_the_ranks_rank_major(report: Report) -> None:
-    records = sorted(report.records, key=lambda r: r.arrival_ms)
+    records = sorted(report.records, key=lambda r: r.arrival_time_ms)
     assert [(r.worker, r.dp_rank) for r in records] == [(w, k) for w, k, *_ in REFERENCE]
 
 
 def test_timings_follow_each_workers_group_pass(report: Report) -> None:
     """A request on a worker's second rank waits for the worker's pass in flight to end."""
-    records = sorted(report.records, key=lambda r: r.arrival_ms)
+    records = sorted(report.records, key=lambda r: r.arrival_time_ms)
     for record, (_, _, admit, first, last) in zip(records, REFERENCE, strict=True):
         assert record.first_admit_ms == pytest.approx(admit, abs=1e-6)
         assert record.first_token_ms == pytest.approx(first, abs=1e-6)
@@ -75,5 +75,5 @@ def test_cost_counts_every_rank_as_a_gpu(report: Report, key: str) -> None:
 
 
 def test_request_rows_name_the_scheduler_as_the_reference_does(report: Report) -> None:
-    records = sorted(report.records, key=lambda r: r.arrival_ms)
+    records = sorted(report.records, key=lambda r: r.arrival_time_ms)
     assert [request_row(r)["decode_worker_idx"] for r in records] == REFERENCE_SCHEDULER_IDS

@@ -44,7 +44,10 @@ def _probe(tmp_path: Path) -> list[tuple[float | None, float | None, int, float 
             engine=parse_engine_args({"block_size": 64, "num_gpu_blocks": 10}),
         )
     )
-    return [(r.first_token_ms, r.last_token_ms, r.reused, r.first_admit_ms) for r in report.records]
+    return [
+        (r.first_token_ms, r.last_token_ms, r.reused_input_tokens, r.first_admit_ms)
+        for r in report.records
+    ]
 
 
 def test_what_servesim_and_the_reference_agree_on(tmp_path: Path) -> None:

@@ -67,7 +67,10 @@ def test_a_prompt_evicted_to_host_is_loaded_back_at_the_h2d_bandwidth(tmp_path: 
     assert (a.first_token_ms, c.first_token_ms) == (10.0, 60.0)
     assert b.first_admit_ms == 103.0
     assert (b.first_token_ms, b.last_token_ms) == (113.0, 114.0)
-    assert (b.first_reused, b.first_host_reused) == (48, 32)
+    assert (b.first_admission_reused_input_tokens, b.first_admission_host_reused_input_tokens) == (
+        48,
+        32,
+    )
 
 
 def test_the_load_waits_for_the_first_byte_latency(tmp_path: Path) -> None:
@@ -97,7 +100,10 @@ def test_a_load_into_blocks_still_being_copied_starts_when_the_copy_ends(
     )
     assert (a.first_token_ms, c.first_token_ms) == (10.0, 36.0)
     assert b.first_admit_ms == admitted
-    assert (b.first_reused, b.first_host_reused) == (48, 32)
+    assert (b.first_admission_reused_input_tokens, b.first_admission_host_reused_input_tokens) == (
+        48,
+        32,
+    )
 
 
 def test_a_block_evicted_from_host_is_read_back_from_disk(tmp_path: Path) -> None:
@@ -119,7 +125,10 @@ def test_a_block_evicted_from_host_is_read_back_from_disk(tmp_path: Path) -> Non
     )
     assert b.first_admit_ms == 59.5
     assert b.first_token_ms == 69.5
-    assert (b.first_reused, b.first_host_reused) == (48, 32)
+    assert (b.first_admission_reused_input_tokens, b.first_admission_host_reused_input_tokens) == (
+        48,
+        32,
+    )
 
 
 def test_host_eviction_takes_the_least_recent_block_and_orders_a_cohort_by_key() -> None:

@@ -27,7 +27,7 @@ modes = pytest.mark.parametrize("exact_passes", [False, True], ids=["fast_forwar
 
 
 def _tokens(report: Report) -> list[tuple[float | None, float | None, int]]:
-    return [(r.first_token_ms, r.last_token_ms, r.num_tokens) for r in report.records]
+    return [(r.first_token_ms, r.last_token_ms, r.output_length) for r in report.records]
 
 
 @modes
@@ -37,7 +37,7 @@ def test_a_prompt_of_exactly_max_model_len_is_rejected(exact_passes: bool) -> No
         100, 5, 1, {"block_size": 64, "max_model_len": 100}, exact_passes=exact_passes
     )
     (record,) = report.records
-    assert record.terminal is Terminal.REJECTED
+    assert record.terminal_status is Terminal.REJECTED
     assert record.first_admit_ms is None
     assert report.summary["completed_requests"] == 0
     assert report.summary["rejected_requests"] == 1
@@ -51,7 +51,7 @@ def test_a_prompt_one_short_of_max_model_len_gets_one_token(exact_passes: bool) 
         99, 5, 1, {"block_size": 64, "max_model_len": 100}, exact_passes=exact_passes
     )
     assert _tokens(report) == [(18.008706999999998, 18.008706999999998, 1)]
-    assert report.records[0].terminal is Terminal.COMPLETED
+    assert report.records[0].terminal_status is Terminal.COMPLETED
     assert report.summary["total_output_tokens"] == 1
 
 
@@ -82,7 +82,7 @@ def test_a_prompt_one_token_over_every_block_is_rejected(exact_passes: bool) -> 
     report = replay_synthetic(
         129, 1, 1, {"block_size": 64, "num_gpu_blocks": 2}, exact_passes=exact_passes
     )
-    assert report.records[0].terminal is Terminal.REJECTED
+    assert report.records[0].terminal_status is Terminal.REJECTED
     assert report.summary["rejected_requests"] == 1
 
 

@@ -77,7 +77,7 @@ def test_a_worker_loads_a_prefix_another_worker_stored(tmp_path: Path, exact_pas
     a, b = report.records
     assert (a.worker, b.worker) == (0, 1)
     assert (b.first_admit_ms, b.first_token_ms, b.last_token_ms) == (104.0, 114.0, 115.0)
-    assert (b.reused, b.first_host_reused) == (48, 48)
+    assert (b.reused_input_tokens, b.first_admission_host_reused_input_tokens) == (48, 48)
     capacity = {"capacity_blocks": 16, "resident_blocks": 4, "used_blocks": 4}
     assert report.summary["g2_domains"] == [capacity]
 
@@ -85,7 +85,11 @@ def test_a_worker_loads_a_prefix_another_worker_stored(tmp_path: Path, exact_pas
 def test_the_ranks_of_one_worker_share_it_too(tmp_path: Path) -> None:
     """One worker of two DP ranks: B on rank 1 loads what A's rank 0 stored."""
     _, b = replay(tmp_path, [A, (100.0, 64, 2, [1, 2, 3, 4])], workers=1, dp_size=2).records
-    assert (b.dp_rank, b.first_admit_ms, b.first_host_reused) == (1, 104.0, 48)
+    assert (b.dp_rank, b.first_admit_ms, b.first_admission_host_reused_input_tokens) == (
+        1,
+        104.0,
+        48,
+    )
 
 
 def test_copies_at_once_share_the_pools_bandwidth(tmp_path: Path) -> None:
@@ -119,7 +123,12 @@ def test_a_copy_completing_wakes_a_request_waiting_on_another_worker(tmp_path: P
     _, b = replay(
         tmp_path, [A, (12.0, 64, 2, [1, 2, 3, 4])], host=shared(d2h_bandwidth_gbps=0.25)
     ).records
-    assert (b.worker, b.first_admit_ms, b.first_token_ms, b.first_host_reused) == (
+    assert (
+        b.worker,
+        b.first_admit_ms,
+        b.first_token_ms,
+        b.first_admission_host_reused_input_tokens,
+    ) == (
         1,
         30.0,
         40.0,
@@ -138,7 +147,7 @@ def test_one_pool_of_num_host_blocks_for_the_whole_deployment(tmp_path: Path) ->
     ]
     report = replay(tmp_path, rows, host=shared(num_host_blocks=8))
     *_, b = report.records
-    assert (b.reused, b.first_token_ms) == (0, 110.0)
+    assert (b.reused_input_tokens, b.first_token_ms) == (0, 110.0)
     assert report.summary["g2_domains"] == [
         {"capacity_blocks": 8, "resident_blocks": 8, "used_blocks": 8}
     ]

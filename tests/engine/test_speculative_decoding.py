@@ -31,7 +31,7 @@ def test_the_prefill_pass_decodes_too_and_emits_a_whole_burst() -> None:
     assert record.first_token_ms == 6.0
     assert record.second_token_ms == 6.0
     assert record.last_token_ms == 9.0
-    assert record.num_tokens == 10
+    assert record.output_length == 10
 
 
 def test_with_no_draft_accepted_every_step_emits_one_token() -> None:

@@ -36,8 +36,8 @@ def test_tokens_stamped_at_the_cap_are_delivered(exact_passes: bool, cap: float)
     )
     (record,) = report.records
     assert report.time_limited
-    assert record.terminal is None
-    assert record.num_tokens == 6
+    assert record.terminal_status is None
+    assert record.output_length == 6
     assert record.first_token_ms == 18.023974000000003
     assert record.last_token_ms == SIXTH_TOKEN
     assert report.summary["incomplete_requests"] == 1

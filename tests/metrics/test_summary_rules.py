@@ -72,19 +72,19 @@ def replay(trace: Path, sla: Sla | None = None, **config: Any) -> Report:
 def avg_itl(record: RequestRecord) -> float:
     lat = latencies(record)
     assert lat.ttft is not None and lat.e2e is not None
-    return (lat.e2e - lat.ttft) / (record.num_tokens - 1)
+    return (lat.e2e - lat.ttft) / (record.output_length - 1)
 
 
 def test_goodput_run_reproduces_the_reference_latencies(goodput_trace: Path) -> None:
     """The SLA boundaries below are these requests' own latencies, which are the reference's."""
     report = replay(goodput_trace)
-    records = sorted(report.records, key=lambda r: r.arrival_ms)
+    records = sorted(report.records, key=lambda r: r.arrival_time_ms)
     for record, (ttft, e2e, itl) in zip(records, GOODPUT_REFERENCE, strict=True):
         lat = latencies(record)
         assert lat.ttft == pytest.approx(ttft, abs=NS)
         assert lat.e2e == pytest.approx(e2e, abs=NS)
         if itl is None:
-            assert record.num_tokens == 1
+            assert record.output_length == 1
         else:
             assert avg_itl(record) == pytest.approx(itl, abs=NS)
     assert report.summary["duration_ms"] == pytest.approx(GOODPUT_REFERENCE_DURATION_MS, abs=NS)
@@ -126,7 +126,7 @@ GOODPUT_CASES = {
 def test_goodput_counts_the_requests_the_reference_counts(goodput_trace: Path, case: str) -> None:
     """Every set bound must hold with <=, ITL is (e2e - ttft) / (osl - 1) and skipped for one token."""
     bounds, good, good_tokens, ref_rps, ref_tok_s = GOODPUT_CASES[case]
-    records = sorted(replay(goodput_trace).records, key=lambda r: r.arrival_ms)
+    records = sorted(replay(goodput_trace).records, key=lambda r: r.arrival_time_ms)
     r1 = latencies(records[1])
     own = (r1.ttft, avg_itl(records[1]), r1.e2e)
     ttft, itl, e2e = (own[i] if b == "r1" else b for i, b in enumerate(bounds))
@@ -149,7 +149,7 @@ def test_an_e2e_sla_combines_with_ttft(goodput_trace: Path) -> None:
     with sla.ttft_ms/itl_ms"; see docs/reference-differences.md.) TTFT at r1's
     alone keeps r0..r3; E2E at r1's alone keeps r0..r2; together, r0..r2.
     """
-    records = sorted(replay(goodput_trace).records, key=lambda r: r.arrival_ms)
+    records = sorted(replay(goodput_trace).records, key=lambda r: r.arrival_time_ms)
     r1 = latencies(records[1])
     summary = replay(goodput_trace, Sla(ttft_ms=r1.ttft, e2e_ms=r1.e2e)).summary
     assert summary["goodput_completed_requests"] == 3

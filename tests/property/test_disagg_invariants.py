@@ -136,8 +136,8 @@ def test_every_handoff_ends_once_and_frees_its_kv(
     assert len(collector.records) == len(reqs)
     targets = prefill_workers * prefill.dp_size
     for record in collector.records:
-        assert record.terminal is Terminal.COMPLETED
-        assert record.num_tokens == record.requested_output
+        assert record.terminal_status is Terminal.COMPLETED
+        assert record.output_length == record.requested_output_length
         assert record.source_held_ms is not None and record.source_released_ms is not None
         assert record.destination_reserved_ms is not None
         assert record.destination_activated_ms is not None and record.decode_admit_ms is not None
@@ -162,8 +162,9 @@ def test_every_handoff_ends_once_and_frees_its_kv(
         # A reservation reports no reuse, whatever it reused (as the reference); only a
         # re-admission after a preemption on the decode rank does, whole blocks of the
         # sequence it had.
-        assert record.decode_reused is not None and record.decode_reused % 4 == 0
-        assert record.decode_reused < record.input_length + record.num_tokens
+        reused = record.decode_reused_input_tokens
+        assert reused is not None and reused % 4 == 0
+        assert reused < record.input_length + record.output_length
         assert record.dp_rank is not None and 0 <= record.dp_rank < decode.dp_size
     assert not flow._handoffs, "a handoff never retired"
     for pool in flow.pools:
@@ -213,7 +214,7 @@ def test_fast_forward_changes_no_disaggregated_record(
                     r.first_token_ms,
                     r.second_token_ms,
                     r.last_token_ms,
-                    r.num_tokens,
+                    r.output_length,
                     r.source_held_ms,
                     r.destination_reserved_ms,
                     r.destination_activated_ms,
@@ -222,8 +223,8 @@ def test_fast_forward_changes_no_disaggregated_record(
                     r.prefill_worker,
                     r.worker,
                     r.dp_rank,
-                    r.reused,
-                    r.terminal_ms,
+                    r.reused_input_tokens,
+                    r.terminal_time_ms,
                 )
                 for r in collector.records
             ]

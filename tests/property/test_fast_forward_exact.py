@@ -86,18 +86,18 @@ def replay(
     gaps = [(s.describe(), s.count) for s in (collector.itl, collector.per_user)]
     return gaps + [
         (
-            r.arrival_ms,
+            r.arrival_time_ms,
             r.first_admit_ms,
             r.first_token_ms,
             r.second_token_ms,
             r.last_token_ms,
-            r.num_tokens,
-            r.reused,
-            r.overlap_blocks,
+            r.output_length,
+            r.reused_input_tokens,
+            r.selected_overlap_blocks,
             r.worker,
             r.dp_rank,
-            r.terminal,
-            r.terminal_ms,
+            r.terminal_status,
+            r.terminal_time_ms,
         )
         for r in collector.records
     ]

@@ -109,13 +109,13 @@ def test_random_workloads_keep_the_invariants(
     records = collector.records
     assert len(records) == len(reqs)
     # Every request fits, so none is rejected.
-    assert all(r.terminal is Terminal.COMPLETED for r in records)
+    assert all(r.terminal_status is Terminal.COMPLETED for r in records)
     for r in records:
-        assert r.terminal_ms is not None and r.terminal_ms <= outcome.final_ms
-        if r.num_tokens:
+        assert r.terminal_time_ms is not None and r.terminal_time_ms <= outcome.final_ms
+        if r.output_length:
             assert r.first_token_ms is not None and r.last_token_ms is not None
-            assert r.arrival_ms <= r.first_token_ms <= r.last_token_ms == r.terminal_ms
-        assert r.num_tokens == r.requested_output
+            assert r.arrival_time_ms <= r.first_token_ms <= r.last_token_ms == r.terminal_time_ms
+        assert r.output_length == r.requested_output_length
     for worker in workers:
         assert worker.in_flight() == 0
         for rank in worker.ranks:

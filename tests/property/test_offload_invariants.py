@@ -85,11 +85,16 @@ def test_offload_tiers_keep_their_books(
     collector, _ = replay_aggregated(sessions, config, workers, concurrency=concurrency)
     records = collector.records
     assert len(records) == len(reqs)
-    assert all(r.terminal is Terminal.COMPLETED for r in records)
-    assert all(r.num_tokens == r.requested_output for r in records)
+    assert all(r.terminal_status is Terminal.COMPLETED for r in records)
+    assert all(r.output_length == r.requested_output_length for r in records)
     for r in records:
         # Every admission says where its prefix came from; host tokens are part of the reuse.
-        assert r.first_host_reused is not None and 0 <= r.first_host_reused <= r.first_reused
+        assert (
+            r.first_admission_host_reused_input_tokens is not None
+            and 0
+            <= r.first_admission_host_reused_input_tokens
+            <= r.first_admission_reused_input_tokens
+        )
     for worker in workers:
         assert worker.in_flight() == 0
         for rank in worker.ranks:

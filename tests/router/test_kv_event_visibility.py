@@ -74,7 +74,11 @@ def test_blocks_of_an_ended_pass_draw_the_next_request(tmp_path: Path, seed: int
     assert z1.worker != z0.worker
     assert (z0.first_token_ms, z1.first_token_ms) == (26.391263000000002, 24.385704)
     assert y.worker == z0.worker
-    assert (y.overlap_blocks, y.best_overlap_blocks, y.reused) == (3, 3, 192)
+    assert (y.selected_overlap_blocks, y.best_available_overlap_blocks, y.reused_input_tokens) == (
+        3,
+        3,
+        192,
+    )
     assert (y.first_token_ms, y.last_token_ms) == (55.42745, 66.934076)
 
 
@@ -82,9 +86,9 @@ def test_blocks_of_an_ended_pass_draw_the_next_request(tmp_path: Path, seed: int
 def test_blocks_of_a_pass_in_flight_are_not_yet_visible(tmp_path: Path, seed: int) -> None:
     """Y at 20 ms sees no cached block anywhere and goes to Z1's worker (the reference)."""
     _, z1, y = _replay(tmp_path, 20.0, seed).records
-    assert y.best_overlap_blocks == 0
+    assert y.best_available_overlap_blocks == 0
     assert y.worker == z1.worker
-    assert y.reused == 0
+    assert y.reused_input_tokens == 0
     assert (y.first_token_ms, y.last_token_ms) == (50.58349200000001, 62.116581000000004)
 
 
@@ -122,8 +126,8 @@ def test_an_eviction_is_seen_once_its_pass_has_ended(
     """Y at the evicting pass's start and inside it sees P's 4 blocks, after the pass 3."""
     p, d, y = _evicting(tmp_path, y_arrival, exact_passes).records
     assert (p.first_token_ms, d.last_token_ms) == (17.718790000000002, 2276.717653)
-    assert (y.overlap_blocks, y.best_overlap_blocks) == (overlap, overlap)
-    assert (y.first_admit_ms, y.first_token_ms, y.last_token_ms, y.reused) == (
+    assert (y.selected_overlap_blocks, y.best_available_overlap_blocks) == (overlap, overlap)
+    assert (y.first_admit_ms, y.first_token_ms, y.last_token_ms, y.reused_input_tokens) == (
         2276.717653,
         2293.948848,
         2320.43453,

@@ -81,5 +81,5 @@ def test_the_decayed_credit_decides_where_y_goes(tmp_path: Path, decay: float, s
     assert (z0.first_token_ms, z0.last_token_ms) == want_z0
     assert (z1.first_token_ms, z1.last_token_ms) == want_z1
     assert (y.first_admit_ms, y.first_token_ms, y.last_token_ms) == want_y
-    assert y.reused == reused
+    assert y.reused_input_tokens == reused
     assert y.worker == (z0.worker if where == "Z0" else z1.worker)

@@ -66,21 +66,21 @@ def replay(
             seed=seed,
         )
     ).records
-    return sorted(records, key=lambda r: r.arrival_ms)
+    return sorted(records, key=lambda r: r.arrival_time_ms)
 
 
 def test_host_blocks_after_the_gpu_prefix_count_at_their_weight(tmp_path: Path) -> None:
     """B sees 1 GPU block and 3 host blocks after it: 3.25 blocks, reported as 3."""
     *_, b = replay(tmp_path, [A, C, B])
-    assert (b.overlap_blocks, b.best_overlap_blocks) == (3, 3)
-    assert (b.reused, b.first_host_reused) == (48, 32)
+    assert (b.selected_overlap_blocks, b.best_available_overlap_blocks) == (3, 3)
+    assert (b.reused_input_tokens, b.first_admission_host_reused_input_tokens) == (48, 32)
     assert (b.first_admit_ms, b.first_token_ms, b.last_token_ms) == (103.0, 113.0, 114.0)
 
 
 def test_without_host_offload_only_the_gpu_prefix_counts(tmp_path: Path) -> None:
     """Without a host tier B sees block 1 only, and recomputes the rest."""
     *_, b = replay(tmp_path, [A, C, B], native_host_offload=None)
-    assert (b.overlap_blocks, b.reused) == (1, 16)
+    assert (b.selected_overlap_blocks, b.reused_input_tokens) == (1, 16)
     assert (b.first_token_ms, b.last_token_ms) == (110.0, 111.0)
 
 
@@ -93,8 +93,8 @@ def test_the_reported_overlap_is_the_weighted_sum_rounded_half_away(
 ) -> None:
     """round(1 + 3w): 1.75 -> 2, 2.4898 -> 2, 2.5 -> 3, 3.7 -> 4; the engine's reuse is unchanged."""
     *_, b = replay(tmp_path, [A, C, B], router={"host_cache_hit_weight": weight})
-    assert (b.overlap_blocks, b.best_overlap_blocks) == (blocks, blocks)
-    assert (b.reused, b.first_host_reused) == (48, 32)
+    assert (b.selected_overlap_blocks, b.best_available_overlap_blocks) == (blocks, blocks)
+    assert (b.reused_input_tokens, b.first_admission_host_reused_input_tokens) == (48, 32)
 
 
 def test_a_worker_with_no_gpu_prefix_walks_its_host_tier_from_the_first_block(
@@ -102,7 +102,11 @@ def test_a_worker_with_no_gpu_prefix_walks_its_host_tier_from_the_first_block(
 ) -> None:
     """C (5 blocks) evicts all of A's GPU blocks: B sees 0 + 0.75 x 4 = 3 blocks, all loaded."""
     *_, b = replay(tmp_path, [A, (50.0, 80, 2, [5, 6, 7, 8, 9]), B])
-    assert (b.overlap_blocks, b.reused, b.first_host_reused) == (3, 48, 48)
+    assert (
+        b.selected_overlap_blocks,
+        b.reused_input_tokens,
+        b.first_admission_host_reused_input_tokens,
+    ) == (3, 48, 48)
     assert (b.first_admit_ms, b.first_token_ms) == (104.0, 114.0)
 
 
@@ -115,7 +119,11 @@ def test_host_evictions_are_seen_at_the_end_of_the_pass_that_prepares_the_store(
     the next pass (to 61 ms) evicts block 2; never a host extension."""
     host = {**ENGINE["native_host_offload"], "num_host_blocks": 4}
     *_, b = replay(tmp_path, [A, C, (arrival, 64, 2, [1, 2, 3, 4])], native_host_offload=host)
-    assert (b.overlap_blocks, b.reused, b.first_host_reused) == (blocks, 16, 0)
+    assert (
+        b.selected_overlap_blocks,
+        b.reused_input_tokens,
+        b.first_admission_host_reused_input_tokens,
+    ) == (blocks, 16, 0)
 
 
 @pytest.mark.parametrize(("arrival", "blocks"), [(20.0, 4), (36.9, 4), (37.0, 3)])
@@ -129,8 +137,8 @@ def test_host_blocks_are_seen_once_their_copy_has_completed(
     host = {**ENGINE["native_host_offload"], "d2h_bandwidth_gbps": 0.25}
     rows = [A, (11.0, 64, 2, [5, 6, 7, 8]), (arrival, 64, 2, [1, 2, 3, 4])]
     *_, b = replay(tmp_path, rows, native_host_offload=host)
-    assert b.overlap_blocks == blocks
-    assert (b.reused, b.first_host_reused) == (48, 32)
+    assert b.selected_overlap_blocks == blocks
+    assert (b.reused_input_tokens, b.first_admission_host_reused_input_tokens) == (48, 32)
     assert (b.first_admit_ms, b.first_token_ms, b.last_token_ms) == (56.0, 66.0, 67.0)
 
 
@@ -143,8 +151,8 @@ def test_the_fractional_overlap_decides_between_workers(tmp_path: Path, seed: in
     a, e, c, b = replay(tmp_path, rows, workers=2, seed=seed)
     assert e.worker != a.worker and c.worker == a.worker
     assert b.worker == a.worker
-    assert (b.overlap_blocks, b.best_overlap_blocks) == (3, 3)
-    assert (b.reused, b.first_host_reused) == (48, 32)
+    assert (b.selected_overlap_blocks, b.best_available_overlap_blocks) == (3, 3)
+    assert (b.reused_input_tokens, b.first_admission_host_reused_input_tokens) == (48, 32)
     assert (b.first_admit_ms, b.first_token_ms, b.last_token_ms) == (103.0, 113.0, 114.0)
 
 

@@ -30,7 +30,7 @@ def test_a_readmitted_request_also_decodes_in_its_recompute_pass() -> None:
     report = replay_synthetic(500, 200, 2, {"block_size": 16, "num_gpu_blocks": 70})
     first, second = report.records
     assert first.last_token_ms == pytest.approx(5943.063968, rel=1e-9)
-    assert second.reused == 416
+    assert second.reused_input_tokens == 416
     assert second.last_token_ms == pytest.approx(9844.961259, rel=1e-9)
     assert report.summary["duration_ms"] == pytest.approx(9844.961259, rel=1e-9)
 
@@ -50,7 +50,7 @@ def test_committed_prefill_counts_work_that_computed_prompt_tokens() -> None:
     report = replay_synthetic(
         500, 200, 8, {"block_size": 16, "num_gpu_blocks": 120, "max_num_batched_tokens": 300}
     )
-    assert [r.reused for r in report.records].count(512) == 2
+    assert [r.reused_input_tokens for r in report.records].count(512) == 2
     assert report.summary["committed_prefill_tokens"] == 4000
 
 
@@ -85,7 +85,7 @@ def test_shared_prefix_on_a_small_cache_prices_decode_at_full_utilisation(tmp_pa
         (103.245539, 783.445539, 2048),
         (103.245539, 1336.437557, 2048),
     ]
-    got = [(r.first_token_ms, r.last_token_ms, r.reused) for r in report.records]
+    got = [(r.first_token_ms, r.last_token_ms, r.reused_input_tokens) for r in report.records]
     for (first, last, reused), (ref_first, ref_last, ref_reused) in zip(got, expected, strict=True):
         assert first == pytest.approx(ref_first, rel=1e-9)
         assert last == pytest.approx(ref_last, rel=1e-9)
@@ -121,7 +121,8 @@ def _records_of(
     trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
     report = run(RunConfig(trace=trace))
     return [
-        (r.session_id, r.turn_index) for r in sorted(report.records, key=lambda r: r.arrival_ms)
+        (r.session_id, r.turn_index)
+        for r in sorted(report.records, key=lambda r: r.arrival_time_ms)
     ]
 
 

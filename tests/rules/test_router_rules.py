@@ -94,8 +94,8 @@ def test_a_queued_request_keeps_the_overlap_it_entered_with(tmp_path: Path, seed
     second = report.records[3]
     assert second.queue_wait_ms == pytest.approx(122.197327, rel=1e-9)
     assert second.first_token_ms == pytest.approx(147.675, abs=5e-4)
-    assert second.reused == 960
-    assert (second.overlap_blocks, second.best_overlap_blocks) == (0, 0)
+    assert second.reused_input_tokens == 960
+    assert (second.selected_overlap_blocks, second.best_available_overlap_blocks) == (0, 0)
 
 
 ORDER_TRACE: list[Row] = [

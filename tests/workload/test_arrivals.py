@@ -53,7 +53,7 @@ def arrivals(*, rate: float, count: int, seed: int | None) -> list[float]:
     )
     if seed is not None:
         config = dataclasses.replace(config, seed=seed)
-    return [r.arrival_ms for r in sorted(run(config).records, key=lambda r: r.uid)]
+    return [r.arrival_time_ms for r in sorted(run(config).records, key=lambda r: r.uid)]
 
 
 def poisson_starts(rate: float, count: int, seed: int) -> list[float]:

@@ -43,7 +43,7 @@ def test_think_times_are_not_sped_up_in_closed_loop(tmp_path: Path) -> None:
         )
     )
     got = [
-        (r.session_id, r.turn_index, r.arrival_ms, r.first_token_ms, r.last_token_ms)
+        (r.session_id, r.turn_index, r.arrival_time_ms, r.first_token_ms, r.last_token_ms)
         for r in report.records
     ]
     assert got == REFERENCE

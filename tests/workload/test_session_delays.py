@@ -54,5 +54,7 @@ def test_think_time_is_the_delay_or_the_gap_to_the_last_timestamp(tmp_path: Path
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
     report = run(RunConfig(trace=trace, engine=parse_engine_args({"block_size": 64})))
-    assert [(r.arrival_ms, r.first_token_ms, r.last_token_ms) for r in report.records] == REFERENCE
+    assert [
+        (r.arrival_time_ms, r.first_token_ms, r.last_token_ms) for r in report.records
+    ] == REFERENCE
     assert [r.turn_index for r in report.records] == list(range(7))

@@ -49,10 +49,17 @@ ONE_SESSION_AT_A_TIME = [
 def observed(config: RunConfig) -> list[tuple[str | None, int | None, float, float, float, int]]:
     report = run(config)
     rows = []
-    for r in sorted(report.records, key=lambda r: (r.arrival_ms, r.uid)):
+    for r in sorted(report.records, key=lambda r: (r.arrival_time_ms, r.uid)):
         assert r.first_token_ms is not None and r.last_token_ms is not None
         rows.append(
-            (r.session_id, r.turn_index, r.arrival_ms, r.first_token_ms, r.last_token_ms, r.reused)
+            (
+                r.session_id,
+                r.turn_index,
+                r.arrival_time_ms,
+                r.first_token_ms,
+                r.last_token_ms,
+                r.reused_input_tokens,
+            )
         )
     return rows
 
@@ -99,7 +106,7 @@ def test_closed_loop_refills_at_completion_and_round_robins_in_dispatch_order() 
         engine=EngineConfig(block_size=64),
     )
     report = run(config)
-    got = [(r.arrival_ms, r.first_token_ms, r.last_token_ms, r.worker) for r in report.records]
+    got = [(r.arrival_time_ms, r.first_token_ms, r.last_token_ms, r.worker) for r in report.records]
     want = [
         (0.0, 48.552296, 101.143224, 0),
         (0.0, 32.105859, 84.231535, 1),

@@ -257,7 +257,9 @@ def _rows(config: RunConfig) -> list[Row]:
     rows = []
     for r in run(config).records:
         assert r.last_token_ms is not None
-        rows.append((r.session_id, r.turn_index, r.arrival_ms, r.last_token_ms, r.reused))
+        rows.append(
+            (r.session_id, r.turn_index, r.arrival_time_ms, r.last_token_ms, r.reused_input_tokens)
+        )
     return sorted(rows, key=lambda row: (int((row[0] or "_0").split("_")[1]), row[1] or 0))
 
 

@@ -57,11 +57,13 @@ def test_reused_tokens_with_trace_blocks_of_100_and_engine_blocks_of_64(
             exact_passes=exact_passes,
         )
     )
-    records = sorted(report.records, key=lambda r: r.arrival_ms)
-    assert [r.reused for r in records] == [reused for reused, _ in REFERENCE]
-    assert [r.first_reused for r in records] == [reused for reused, _ in REFERENCE]
+    records = sorted(report.records, key=lambda r: r.arrival_time_ms)
+    assert [r.reused_input_tokens for r in records] == [reused for reused, _ in REFERENCE]
+    assert [r.first_admission_reused_input_tokens for r in records] == [
+        reused for reused, _ in REFERENCE
+    ]
     for record, (_, ttft) in zip(records, REFERENCE, strict=True):
         assert record.first_token_ms is not None
-        assert record.first_token_ms - record.arrival_ms == pytest.approx(ttft, abs=1e-6)
+        assert record.first_token_ms - record.arrival_time_ms == pytest.approx(ttft, abs=1e-6)
     assert report.summary["total_input_tokens"] == 2435
     assert report.summary["prefix_cache_reused_ratio"] == REFERENCE_REUSED_RATIO

@@ -172,7 +172,9 @@ class DisaggregatedFlow:
                     handoff.coordinator.decode_admitted()
             else:
                 # Re-admitted after a preemption on the decode rank, reusing cached KV.
-                record.decode_reused = max(record.decode_reused or 0, reused)
+                record.decode_reused_input_tokens = max(
+                    record.decode_reused_input_tokens or 0, reused
+                )
         if pool.stage is Stage.PREFILL:
             self._observe(worker, now)
 
@@ -300,11 +302,11 @@ class DisaggregatedFlow:
             handoff.prefill_at = (routed.worker, routed.rank)
             record.prefill_worker = routed.worker
             dp_size = self._prefill.workers[routed.worker].config.dp_size
-            record.prefill_scheduler = routed.worker * dp_size + routed.rank
+            record.prefill_worker_idx = routed.worker * dp_size + routed.rank
             record.queue_wait_ms = routed.queued_ms
             if self._observer is not None:
-                record.overlap_blocks = routed.overlap_blocks
-                record.best_overlap_blocks = routed.best_overlap_blocks
+                record.selected_overlap_blocks = routed.overlap_blocks
+                record.best_available_overlap_blocks = routed.best_overlap_blocks
             # The prefill side computes the prompt and one hidden token; the decode side emits them all.
             request = EngineRequest(
                 routed.uid,
@@ -368,7 +370,7 @@ class DisaggregatedFlow:
         record.destination_reserved_ms = now
         # The reference reports no reused tokens for a destination, even when a resident
         # prefix saves part of the transfer (destination_missing moves only the rest).
-        record.decode_reused = 0
+        record.decode_reused_input_tokens = 0
         self._fact(request.uid, DestinationReserved(transferable_prompt_tokens=transferable))
 
     def _start_transfer(self, handoff: _Handoff, delay: float, now: float) -> None:

@@ -175,7 +175,7 @@ class AggregatedFlow:
             # As the reference reads its signals: a request's first signal, unless it is
             # also its last (a one-token burst that finishes), completes its prefill.
             burst = tokens.get(request, 1)
-            first = ledger.record(request.uid).num_tokens == burst
+            first = ledger.record(request.uid).output_length == burst
             if first and (burst > 1 or request.status is not Status.FINISHED):
                 self._dispatch(policy.prefill_completed(request.uid, now), now)
             if request.status is Status.FINISHED:
@@ -210,8 +210,8 @@ class AggregatedFlow:
             collector.on_route(record, routed.worker, routed.rank, dp_size)
             record.queue_wait_ms = routed.queued_ms
             if self._observer is not None:
-                record.overlap_blocks = routed.overlap_blocks
-                record.best_overlap_blocks = routed.best_overlap_blocks
+                record.selected_overlap_blocks = routed.overlap_blocks
+                record.best_available_overlap_blocks = routed.best_overlap_blocks
             request = EngineRequest(
                 routed.uid, spec.prompt, spec.output_length, shared_blocks=spec.shared_blocks
             )

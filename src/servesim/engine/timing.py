@@ -322,8 +322,7 @@ def make_timing(config: EngineConfig) -> TimingModel:
     """The timing model an engine config asks for (a measured profile's is shared, see below)."""
     tm = config.timing_model
     if tm.type == "interpolated":
-        assert tm.path is not None
-        return shared_profile_timing(tm.path, config.speedup_ratio, config.decode_speedup_ratio)
+        return shared_profile_timing(tm.profile, config.speedup_ratio, config.decode_speedup_ratio)
     if tm.type == "fixed":
         return FixedTiming(
             tm.prefill_ms, tm.decode_ms, config.speedup_ratio, config.decode_speedup_ratio

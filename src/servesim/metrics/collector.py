@@ -18,37 +18,45 @@ class Terminal(Enum):
 
 
 class RequestRecord:
-    """What happened to one request, in virtual ms."""
+    """What happened to one request, in virtual ms.
+
+    Every per-request JSONL field is an attribute of the same name (the
+    latencies and ``uuid`` are computed properties; ``terminal_status`` is a
+    :class:`Terminal`, or None for a request that never ended, which the
+    JSONL writes as ``"incomplete"``). ``uid`` (the arrival ordinal),
+    ``worker``, ``prefill_worker`` and ``second_token_ms`` are servesim's
+    own. ``docs/report.md`` defines each field.
+    """
 
     __slots__ = (
-        "arrival_ms",
-        "best_overlap_blocks",
+        "arrival_time_ms",
+        "best_available_overlap_blocks",
         "decode_admit_ms",
-        "decode_reused",
+        "decode_reused_input_tokens",
+        "decode_worker_idx",
         "destination_activated_ms",
         "destination_reserved_ms",
         "dp_rank",
+        "first_admission_host_reused_input_tokens",
+        "first_admission_reused_input_tokens",
         "first_admit_ms",
-        "first_host_reused",
-        "first_reused",
         "first_token_ms",
         "input_length",
         "last_token_ms",
-        "num_tokens",
-        "overlap_blocks",
+        "output_length",
         "prefill_admit_ms",
-        "prefill_scheduler",
         "prefill_worker",
+        "prefill_worker_idx",
         "queue_wait_ms",
-        "requested_output",
-        "reused",
-        "scheduler",
+        "requested_output_length",
+        "reused_input_tokens",
         "second_token_ms",
+        "selected_overlap_blocks",
         "session_id",
         "source_held_ms",
         "source_released_ms",
-        "terminal",
-        "terminal_ms",
+        "terminal_status",
+        "terminal_time_ms",
         "turn_index",
         "uid",
         "worker",
@@ -64,40 +72,65 @@ class RequestRecord:
         turn_index: int | None,
     ) -> None:
         self.uid = uid
-        self.arrival_ms = arrival_ms
+        self.arrival_time_ms = arrival_ms
         self.input_length = input_length
-        self.requested_output = requested_output
+        self.requested_output_length = requested_output
         self.session_id = session_id
         self.turn_index = turn_index
         self.worker: int | None = None
         self.dp_rank: int | None = None
         # The (worker, rank) pair as one id, worker x dp_size + rank (the reference's scheduler id).
-        self.scheduler: int | None = None
+        self.decode_worker_idx: int | None = None
         self.first_admit_ms: float | None = None
-        self.first_reused = 0
-        # Of first_reused, the tokens loaded from a host tier (None: no host tier).
-        self.first_host_reused: int | None = None
-        self.reused = 0
+        self.first_admission_reused_input_tokens = 0
+        # Of those, the tokens loaded from a host tier (None: no host tier).
+        self.first_admission_host_reused_input_tokens: int | None = None
+        self.reused_input_tokens = 0
         self.first_token_ms: float | None = None
         self.second_token_ms: float | None = None
         self.last_token_ms: float | None = None
-        self.num_tokens = 0
-        self.terminal: Terminal | None = None
-        self.terminal_ms: float | None = None
+        self.output_length = 0
+        self.terminal_status: Terminal | None = None
+        self.terminal_time_ms: float | None = None
         # Disaggregated runs: the handoff's timeline (``worker`` is then the decode worker).
         self.prefill_worker: int | None = None
-        self.prefill_scheduler: int | None = None
+        self.prefill_worker_idx: int | None = None
         self.prefill_admit_ms: float | None = None
         self.source_held_ms: float | None = None
         self.destination_reserved_ms: float | None = None
         self.destination_activated_ms: float | None = None
         self.decode_admit_ms: float | None = None
         self.source_released_ms: float | None = None
-        self.decode_reused: int | None = None
+        self.decode_reused_input_tokens: int | None = None
         # Routing facts: cached blocks on the chosen target, the best any target had, router queue wait.
-        self.overlap_blocks: int | None = None
-        self.best_overlap_blocks: int | None = None
+        self.selected_overlap_blocks: int | None = None
+        self.best_available_overlap_blocks: int | None = None
         self.queue_wait_ms = 0.0
+
+    @property
+    def uuid(self) -> str:
+        """The request's id in the reference's synthetic format (its 1-based arrival ordinal)."""
+        return f"00000000-0000-0000-0000-{self.uid + 1:012x}"
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """Time to first token (None: no token)."""
+        return latencies(self).ttft
+
+    @property
+    def ttst_ms(self) -> float | None:
+        """Time from the first token to the second (None: fewer than two tokens)."""
+        return latencies(self).ttst
+
+    @property
+    def e2e_latency_ms(self) -> float | None:
+        """Arrival to last token (None: no token)."""
+        return latencies(self).e2e
+
+    @property
+    def itl_ms(self) -> float | None:
+        """Mean inter-token latency, first to last token over ``output_length - 1``."""
+        return latencies(self).tpot
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +147,13 @@ def latencies(r: RequestRecord) -> Latencies:
     """TTFT and E2E from its first and last tokens; TTST and TPOT once it has two."""
     if r.first_token_ms is None or r.last_token_ms is None:
         return Latencies()
-    ttft = max(0.0, r.first_token_ms - r.arrival_ms)
-    e2e = max(0.0, r.last_token_ms - r.arrival_ms)
-    if r.num_tokens < 2:
+    ttft = max(0.0, r.first_token_ms - r.arrival_time_ms)
+    e2e = max(0.0, r.last_token_ms - r.arrival_time_ms)
+    if r.output_length < 2:
         return Latencies(ttft=ttft, e2e=e2e)
     assert r.second_token_ms is not None
     ttst = max(0.0, r.second_token_ms - r.first_token_ms)
-    tpot = max(0.0, r.last_token_ms - r.first_token_ms) / (r.num_tokens - 1)
+    tpot = max(0.0, r.last_token_ms - r.first_token_ms) / (r.output_length - 1)
     return Latencies(ttft=ttft, e2e=e2e, ttst=ttst, tpot=tpot)
 
 
@@ -169,7 +202,7 @@ class Collector:
         """The request was placed on ``worker``'s rank ``dp_rank`` (of ``dp_size``)."""
         record.worker = worker
         record.dp_rank = dp_rank
-        record.scheduler = worker * dp_size + dp_rank
+        record.decode_worker_idx = worker * dp_size + dp_rank
 
     @staticmethod
     def on_admit(
@@ -179,9 +212,9 @@ class Collector:
         ``host_tokens`` of them loaded from its host tier (None: it has none)."""
         if record.first_admit_ms is None:
             record.first_admit_ms = now
-            record.first_reused = reused_tokens
-            record.first_host_reused = host_tokens
-        record.reused = max(record.reused, reused_tokens)
+            record.first_admission_reused_input_tokens = reused_tokens
+            record.first_admission_host_reused_input_tokens = host_tokens
+        record.reused_input_tokens = max(record.reused_input_tokens, reused_tokens)
 
     def on_token(self, record: RequestRecord, now: float) -> None:
         """One output token was emitted at ``now``."""
@@ -190,7 +223,7 @@ class Collector:
         else:
             self._next_token(record, now)
         record.last_token_ms = now
-        record.num_tokens += 1
+        record.output_length += 1
 
     def _next_token(self, record: RequestRecord, now: float) -> None:
         """A token after the first: its gap goes into the sketches."""
@@ -199,7 +232,7 @@ class Collector:
         self._itl.add(gap)
         if gap > 0.0:
             self._per_user.add(1000.0 / gap)
-        if record.num_tokens == 1:
+        if record.output_length == 1:
             record.second_token_ms = now
 
     def on_shared_gap(self, gap: float, count: int) -> None:
@@ -217,14 +250,14 @@ class Collector:
 
         It is the request's second token unless an earlier stage gave it one.
         """
-        if record.num_tokens == 1:
+        if record.output_length == 1:
             record.second_token_ms = at
 
     @staticmethod
     def on_catch_up(record: RequestRecord, tokens: int, last_ms: float) -> None:
         """A request's ``tokens`` tokens counted by :meth:`on_shared_gap`, the last at ``last_ms``."""
-        assert record.num_tokens >= 1, "a cohort member joins after a token"
-        record.num_tokens += tokens
+        assert record.output_length >= 1, "a cohort member joins after a token"
+        record.output_length += tokens
         record.last_token_ms = last_ms
         assert record.second_token_ms is not None, "its second token was recorded when it came"
 
@@ -261,5 +294,5 @@ class Collector:
     @staticmethod
     def on_terminal(record: RequestRecord, now: float, terminal: Terminal) -> None:
         """The request completed or was rejected at ``now``."""
-        record.terminal = terminal
-        record.terminal_ms = now
+        record.terminal_status = terminal
+        record.terminal_time_ms = now

@@ -1,4 +1,4 @@
-"""Report outputs: the JSON summary, per-request JSONL and the AIPerf-style table."""
+"""Report files: the report JSON (summary, run, series) and the per-request JSONL."""
 
 from __future__ import annotations
 
@@ -9,59 +9,69 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from servesim.metrics.collector import RequestRecord, latencies
+from servesim.errors import ReportError
+from servesim.metrics.collector import RequestRecord
 
+RECORD_FIELDS = (
+    "uuid",
+    "session_id",
+    "turn_index",
+    "arrival_time_ms",
+    "first_admit_ms",
+    "first_token_ms",
+    "last_token_ms",
+    "terminal_time_ms",
+    "ttft_ms",
+    "ttst_ms",
+    "e2e_latency_ms",
+    "itl_ms",
+    "input_length",
+    "requested_output_length",
+    "output_length",
+    "reused_input_tokens",
+    "first_admission_reused_input_tokens",
+    "prefill_worker_idx",
+    "decode_worker_idx",
+    "prefill_admit_ms",
+    "source_held_ms",
+    "destination_reserved_ms",
+    "destination_activated_ms",
+    "decode_admit_ms",
+    "source_released_ms",
+    "decode_reused_input_tokens",
+    "selected_overlap_blocks",
+    "best_available_overlap_blocks",
+    "queue_wait_ms",
+    "dp_rank",
+    "terminal_status",
+)
+"""The per-request JSONL fields (the reference's), each a :class:`RequestRecord` attribute."""
 
-def _uuid(uid: int) -> str:
-    # Deterministic ids in the reference's synthetic format (1-based).
-    return f"00000000-0000-0000-0000-{uid + 1:012x}"
+HOST_TIER_FIELDS = (
+    "first_admission_g1_reused_input_tokens",
+    "first_admission_host_reused_input_tokens",
+)
+"""Added to a record when its rank has a host KV tier."""
 
 
 def request_row(r: RequestRecord) -> dict[str, Any]:
-    """One per-request JSONL record (reference field names)."""
-    lat = latencies(r)
-    row = {
-        "uuid": _uuid(r.uid),
-        "session_id": r.session_id,
-        "turn_index": r.turn_index,
-        "arrival_time_ms": r.arrival_ms,
-        "first_admit_ms": r.first_admit_ms,
-        "first_token_ms": r.first_token_ms,
-        "last_token_ms": r.last_token_ms,
-        "terminal_time_ms": r.terminal_ms,
-        "ttft_ms": lat.ttft,
-        "ttst_ms": lat.ttst,
-        "e2e_latency_ms": lat.e2e,
-        "itl_ms": lat.tpot,
-        "input_length": r.input_length,
-        "requested_output_length": r.requested_output,
-        "output_length": r.num_tokens,
-        "reused_input_tokens": r.reused,
-        "first_admission_reused_input_tokens": r.first_reused,
-        # Scheduler ids (worker x dp_size + rank), as the reference writes them.
-        "prefill_worker_idx": r.prefill_scheduler,
-        "decode_worker_idx": r.scheduler,
-        "prefill_admit_ms": r.prefill_admit_ms,
-        "source_held_ms": r.source_held_ms,
-        "destination_reserved_ms": r.destination_reserved_ms,
-        "destination_activated_ms": r.destination_activated_ms,
-        "decode_admit_ms": r.decode_admit_ms,
-        "source_released_ms": r.source_released_ms,
-        "decode_reused_input_tokens": r.decode_reused,
-        "selected_overlap_blocks": r.overlap_blocks,
-        "best_available_overlap_blocks": r.best_overlap_blocks,
-        "queue_wait_ms": r.queue_wait_ms,
-        "dp_rank": r.dp_rank,
-        "terminal_status": r.terminal.value if r.terminal is not None else "incomplete",
-    }
-    if r.first_host_reused is not None:
+    """One per-request JSONL record: each field the record's attribute of the same name.
+
+    ``*_worker_idx`` are scheduler ids (worker x dp_size + rank), as the
+    reference writes them; a request that never ended is ``"incomplete"``.
+    """
+    row = {name: getattr(r, name) for name in RECORD_FIELDS}
+    status = r.terminal_status
+    row["terminal_status"] = status.value if status is not None else "incomplete"
+    host = r.first_admission_host_reused_input_tokens
+    if host is not None:
         # With a host tier: where the first admission's reused prefix came from.
-        row["first_admission_g1_reused_input_tokens"] = r.first_reused - r.first_host_reused
-        row["first_admission_host_reused_input_tokens"] = r.first_host_reused
+        row["first_admission_g1_reused_input_tokens"] = r.first_admission_reused_input_tokens - host
+        row["first_admission_host_reused_input_tokens"] = host
     return row
 
 
-def _atomic_write(path: Path, chunks: Iterable[str]) -> None:
+def atomic_write(path: Path, chunks: Iterable[str]) -> None:
     """Write a file whole or not at all (no partial report is ever left behind).
 
     A path that exists and is not a regular file (``/dev/stdout``, a pipe) is
@@ -85,69 +95,77 @@ def _atomic_write(path: Path, chunks: Iterable[str]) -> None:
         raise
 
 
-def write_report_json(path: Path, summary: dict[str, Any]) -> None:
-    """``{"summary": {...}}`` with sorted keys."""
-    _atomic_write(path, [json.dumps({"summary": summary}, indent=2, sort_keys=True), "\n"])
+REPORT_SECTIONS = ("summary", "run", "series")
+"""The report file's top-level keys (``docs/report.md``)."""
+
+
+def report_document(
+    summary: dict[str, Any], *, run: dict[str, Any], series: dict[str, Any]
+) -> dict[str, Any]:
+    """The report file's content: the reference's ``summary``, then servesim's own sections,
+    ``run`` (what was simulated) and ``series`` (what the HTML page plots)."""
+    return {"summary": summary, "run": run, "series": series}
+
+
+def document_json(document: dict[str, Any]) -> str:
+    """A report document as the file holds it: indent 2, sorted keys, a final newline."""
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def write_report_json(path: Path, document: dict[str, Any]) -> None:
+    """Write a report document (:func:`report_document`) whole, with sorted keys."""
+    atomic_write(path, [document_json(document)])
+
+
+def read_report_json(path: Path) -> dict[str, Any]:
+    """Read a report file written by ``servesim replay --report-json``.
+
+    Raises:
+        ReportError: the file is missing, not JSON, or lacks a section the
+            renderers need (a report of an older servesim has no ``run`` and
+            ``series``: replay the run again).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot read the report: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ReportError(f"{path}: not a report JSON file (not UTF-8 text)") from None
+    return parse_report_json(text, source=str(path))
+
+
+def parse_report_json(text: str, *, source: str) -> dict[str, Any]:
+    """A report document from its JSON text; ``source`` names it in errors.
+
+    Raises:
+        ReportError: not JSON, not an object, or a section missing.
+    """
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReportError(
+            f"{source}: not a report JSON file (invalid JSON at line {exc.lineno})"
+        ) from None
+    if not isinstance(document, dict):
+        raise ReportError(
+            f"{source}: not a report JSON file (expected an object with {', '.join(REPORT_SECTIONS)})"
+        )
+    missing = [k for k in REPORT_SECTIONS if not isinstance(document.get(k), dict)]
+    if missing:
+        raise ReportError(
+            f"{source}: the report has no {' or '.join(repr(k) for k in missing)} section "
+            "(written by an older servesim or another tool?); replay the run with --report-json again"
+        )
+    return document
 
 
 def write_requests_jsonl(path: Path, records: list[RequestRecord]) -> None:
     """One line per request, by arrival then uid."""
-    ordered = sorted(records, key=lambda r: (r.arrival_ms, r.uid))
-    _atomic_write(path, (json.dumps(request_row(r), sort_keys=True) + "\n" for r in ordered))
+    ordered = sorted(records, key=lambda r: (r.arrival_time_ms, r.uid))
+    atomic_write(path, (json.dumps(request_row(r), sort_keys=True) + "\n" for r in ordered))
 
 
-_ROWS = (
-    ("Time to First Token (ms)", "ttft_ms"),
-    ("Time to Second Token (ms)", "ttst_ms"),
-    ("Request Latency (ms)", "e2e_latency_ms"),
-    ("Inter Token Latency (ms)", "itl_ms"),
-    ("Output Token Throughput Per User (tokens/sec/user)", "output_token_throughput_per_user"),
-)
-_SCALARS = (
-    ("Output Token Throughput (tokens/sec)", "output_throughput_tok_s"),
-    ("Request Throughput (requests/sec)", "request_throughput_rps"),
-    ("Request Count (requests)", "completed_requests"),
-)
-_COLUMNS = ("avg", "min", "max", "p99", "p90", "p75", "std")
-_STATS = ("mean", "min", "max", "p99", "p90", "p75", "std")
-
-
-def _fmt(value: Any) -> str:
-    # As the reference prints them: two decimals, counts included.
-    return "N/A" if value is None else f"{value:,.2f}"
-
-
-def render_table(summary: dict[str, Any]) -> str:
-    """The AIPerf-style box table of the main metrics, in the reference's text."""
-    rows: list[list[str]] = []
-    for label, key in _ROWS:
-        if f"mean_{key}" in summary:
-            rows.append([label, *(_fmt(summary.get(f"{s}_{key}")) for s in _STATS)])
-    for label, key in _SCALARS:
-        rows.append([label, _fmt(summary.get(key)), *(["N/A"] * 6)])
-    header = ["Metric", *_COLUMNS]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(left: str, mid: str, right: str, fill: str) -> str:
-        return left + mid.join(fill * (w + 2) for w in widths) + right
-
-    def cells(values: list[str], border: str) -> str:
-        parts = [f" {values[0]:<{widths[0]}} "] + [
-            f" {v:>{w}} " for v, w in zip(values[1:], widths[1:], strict=True)
-        ]
-        return border + border.join(parts) + border
-
-    out = [
-        "NVIDIA AIPerf | LLM Metrics",
-        line("┏", "┳", "┓", "━"),
-        cells(header, "┃"),
-        line("┡", "╇", "┩", "━"),
-    ]
-    out += [cells(r, "┃") for r in rows]
-    out.append(line("└", "┴", "┘", "━"))
-    out.append(f"Wall Time (ms): {summary['wall_time_ms']:,.2f}")
-    out.append(f"Prefix Cache Reused Ratio: {summary['prefix_cache_reused_ratio']:.2f}")
-    out.append(
-        f"First Admission Prefix Cache Reused Ratio: {summary['first_admission_prefix_cache_reused_ratio']:.2f}"
-    )
-    return "\n".join(out)
+def read_requests_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The per-request records a ``--per-request-jsonl`` file holds, one dict per line."""
+    with Path(path).open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]

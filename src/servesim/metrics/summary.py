@@ -40,7 +40,7 @@ def _dist(out: dict[str, Any], name: str, stats: dict[str, float], suffix: str =
 
 
 def _is_good(r: RequestRecord, sla: Sla) -> bool:
-    if r.num_tokens == 0:
+    if r.output_length == 0:
         return sla.e2e_ms is not None and sla.ttft_ms is None and sla.itl_ms is None
     lat = latencies(r)
     assert lat.ttft is not None and lat.e2e is not None
@@ -51,15 +51,19 @@ def _is_good(r: RequestRecord, sla: Sla) -> bool:
         return False
     return not (
         sla.itl_ms is not None
-        and r.num_tokens > 1
-        and (e2e - ttft) / (r.num_tokens - 1) > sla.itl_ms
+        and r.output_length > 1
+        and (e2e - ttft) / (r.output_length - 1) > sla.itl_ms
     )
 
 
 def summarize(collector: Collector, *, cost: Cost, sla: Sla, wall_time_ms: float) -> dict[str, Any]:
     """Every summary key of the reference report (plus counts by terminal status)."""
     records = collector.records
-    done = [r for r in records if r.terminal is Terminal.COMPLETED and r.first_admit_ms is not None]
+    done = [
+        r
+        for r in records
+        if r.terminal_status is Terminal.COMPLETED and r.first_admit_ms is not None
+    ]
     ttft, ttst, tpot, e2e = [], [], [], []
     for r in done:
         lat = latencies(r)
@@ -71,15 +75,17 @@ def summarize(collector: Collector, *, cost: Cost, sla: Sla, wall_time_ms: float
             ttst.append(lat.ttst)
             tpot.append(lat.tpot)
     total_in = sum(r.input_length for r in done)
-    total_out = sum(r.num_tokens for r in done)
-    duration = max((r.terminal_ms for r in done if r.terminal_ms is not None), default=0.0)
+    total_out = sum(r.output_length for r in done)
+    duration = max(
+        (r.terminal_time_ms for r in done if r.terminal_time_ms is not None), default=0.0
+    )
     seconds = max(duration / 1000.0, 1e-9)
     wall_s = wall_time_ms / 1000.0
     out: dict[str, Any] = {
         "num_requests": len(records),
         "completed_requests": len(done),
-        "rejected_requests": sum(1 for r in records if r.terminal is Terminal.REJECTED),
-        "incomplete_requests": sum(1 for r in records if r.terminal is None),
+        "rejected_requests": sum(1 for r in records if r.terminal_status is Terminal.REJECTED),
+        "incomplete_requests": sum(1 for r in records if r.terminal_status is None),
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "duration_ms": duration,
@@ -102,10 +108,13 @@ def summarize(collector: Collector, *, cost: Cost, sla: Sla, wall_time_ms: float
         / 3600.0,
         # A request's reuse: its best admission, a re-admission on a decode rank included.
         "prefix_cache_reused_ratio": (
-            sum(max(r.reused, r.decode_reused or 0) for r in done) / total_in if total_in else 0.0
+            sum(max(r.reused_input_tokens, r.decode_reused_input_tokens or 0) for r in done)
+            / total_in
+            if total_in
+            else 0.0
         ),
         "first_admission_prefix_cache_reused_ratio": (
-            sum(r.first_reused for r in done) / total_in if total_in else 0.0
+            sum(r.first_admission_reused_input_tokens for r in done) / total_in if total_in else 0.0
         ),
         "committed_prefill_tokens": collector.committed_prefill_tokens,
         # The block pool evicts least recently used inactive blocks (the reference's only policy).
@@ -130,7 +139,7 @@ def summarize(collector: Collector, *, cost: Cost, sla: Sla, wall_time_ms: float
         good = [r for r in done if _is_good(r, sla)]
         out["goodput_completed_requests"] = len(good)
         out["goodput_request_throughput_rps"] = len(good) / seconds
-        out["goodput_output_throughput_tok_s"] = sum(r.num_tokens for r in good) / seconds
+        out["goodput_output_throughput_tok_s"] = sum(r.output_length for r in good) / seconds
     return {
         k: (v if not isinstance(v, float) or math.isfinite(v) else None)
         for k, v in sorted(out.items())

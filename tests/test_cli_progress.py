@@ -1,0 +1,59 @@
+"""The progress bar: on a terminal, requests ended out of the total and the time left, on
+stderr; nothing when stderr is not a terminal or with --quiet."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ARGV = [
+    "replay",
+    *("--input-tokens", "500", "--output-tokens", "50", "--request-count", "20000"),
+    *("--request-rate", "200", "--num-workers", "4"),
+]
+CODE = "from servesim.cli import main; raise SystemExit(main())"
+
+
+def _run_on_a_terminal(tmp_path: Path, *extra: str) -> tuple[int, str, str]:
+    """Run servesim with stderr on a pseudo-terminal; return (exit code, stdout, terminal)."""
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-c", CODE, *ARGV, *extra],
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        text=True,
+    )
+    os.close(terminal)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    stdout, _ = process.communicate(timeout=300)
+    os.close(controller)
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", seen.decode("utf-8", "replace"))
+    return process.returncode, stdout, text
+
+
+def test_a_terminal_shows_requests_done_of_the_total_and_the_time_left(tmp_path: Path) -> None:
+    code, stdout, terminal = _run_on_a_terminal(tmp_path, "--report-json", str(tmp_path / "r.json"))
+    assert code == 0
+    frames = re.findall(r"replaying .*? (\d+)/(\d+) requests (\d+:\d\d:\d\d) ETA", terminal)
+    assert frames, terminal
+    assert {total for _, total, _ in frames} == {"20000"}
+    done = [int(d) for d, _, _ in frames]
+    assert done == sorted(done) and 0 < done[-1] <= 20000
+    assert "20,000 arrived · 20,000 completed" in stdout and "replaying" not in stdout
+
+
+def test_quiet_shows_no_progress_even_on_a_terminal(tmp_path: Path) -> None:
+    code, stdout, terminal = _run_on_a_terminal(tmp_path, "--quiet")
+    assert (code, stdout, terminal) == (0, "", "")
