@@ -10,7 +10,7 @@ the replay is over, no request holds a GPU block and no load is left.
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from servesim.config import DiskOffloadConfig, EngineConfig, HostOffloadConfig
@@ -33,6 +33,31 @@ BYTES_PER_TOKEN = 250_000  # a block of 4 tokens is 1 MB: 1 ms per block at 1 GB
 
 
 @settings(max_examples=60, deadline=None)
+# Two workers over one disk pool. A worker waiting on a disk read must be woken when
+# another worker's look completes it (once lost its wake-up: a dead end), and a
+# deadline already passed means now (once it sent the clock back).
+@example(
+    reqs=[([0], 4, 0, 35.0), ([0, 0], 1, 0, 0.0)],
+    num_workers=2,
+    dp_size=1,
+    budget=4,
+    concurrency=None,
+    host_blocks=1,
+    bandwidths=(0.0, 0.0),
+    latency=0.5,
+    disk=("cluster_shared", 1),
+)
+@example(
+    reqs=[([0], 4, 0, 89.875), ([0, 0, 0, 0, 0, 0], 4, 2, 26.0)],
+    num_workers=2,
+    dp_size=1,
+    budget=22,
+    concurrency=None,
+    host_blocks=5,
+    bandwidths=(0.0, 0.0),
+    latency=0.0,
+    disk=("cluster_shared", 5),
+)
 @given(
     reqs=requests,
     num_workers=st.integers(1, 2),

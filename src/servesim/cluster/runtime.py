@@ -315,8 +315,12 @@ class Runtime:
                 del self._wakes[stage, worker_id]
             pool = self._pools[Stage(stage)]
             worker = pool.workers[worker_id]
-            if worker.busy or worker.next_internal_deadline() > now:
-                continue  # a pass is in flight (its end completes what is due), or done already
+            if worker.busy:
+                continue  # a pass is in flight: its end completes what is due
+            if worker.next_internal_deadline() > now:
+                # Not due yet (another worker's look moved a shared tier's events): wait on.
+                self._watch_own_work(pool, worker_id)
+                continue
             worker.process_internal(now)
             self.flow.on_own_work(pool, worker, now)
             pool.wake(worker_id)
@@ -324,8 +328,9 @@ class Runtime:
         return changed
 
     def _watch_own_work(self, pool: Pool, worker_id: int) -> None:
-        """An idle worker: make sure the loop wakes it at its own next deadline."""
-        at = pool.workers[worker_id].next_internal_deadline()
+        """An idle worker: make sure the loop wakes it at its own next deadline (now, if
+        that has passed: a copy shared with other workers completed while it waited)."""
+        at = max(pool.workers[worker_id].next_internal_deadline(), self.now)
         key = (pool.stage, worker_id)
         if at < math.inf and self._wakes.get(key) != at:
             self._wakes[key] = at
