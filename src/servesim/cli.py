@@ -31,7 +31,12 @@ from servesim.config import (
     router_keys,
 )
 from servesim.errors import ConfigError, ServesimError
-from servesim.metrics.report import render_table, write_report_json, write_requests_jsonl
+from servesim.metrics.report import (
+    render_table,
+    write_report_json,
+    write_requests_jsonl,
+    write_samples_jsonl,
+)
 from servesim.metrics.summary import Sla
 from servesim.simulation import RunConfig, SyntheticWorkload, count_requests, run
 from servesim.workload.mooncake import STDIN
@@ -352,6 +357,19 @@ def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="write one record per request here (a directory: inside it)",
     )
+    o.add_argument(
+        "--telemetry-interval-ms",
+        metavar="MS",
+        type=_positive,
+        help="sample traffic and every worker's scheduler this often (virtual ms) into the "
+        "report's telemetry section",
+    )
+    o.add_argument(
+        "--telemetry-jsonl",
+        metavar="PATH",
+        type=Path,
+        help="write the telemetry samples here, one a line (needs --telemetry-interval-ms)",
+    )
     o.add_argument("--quiet", action="store_true", help="print no table")
 
 
@@ -449,6 +467,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         else args.max_sim_time_seconds * 1000.0,
         seed=args.seed,
         exact_passes=args.exact_passes,
+        telemetry_interval_ms=args.telemetry_interval_ms,
     )
 
 
@@ -664,9 +683,12 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.per_request_jsonl is not None and args.per_request_jsonl.is_dir():
         args.per_request_jsonl = args.per_request_jsonl / "servesim_requests.jsonl"
     try:
+        if args.telemetry_jsonl is not None and args.telemetry_interval_ms is None:
+            command_parser.error("--telemetry-jsonl needs --telemetry-interval-ms")
         for path, flag in (
             (args.report_json, "--report-json"),
             (args.per_request_jsonl, "--per-request-jsonl"),
+            (args.telemetry_jsonl, "--telemetry-jsonl"),
         ):
             if path is not None:
                 check_writable(path, flag)
@@ -677,9 +699,11 @@ def _main(argv: Sequence[str] | None) -> int:
         if progress is not None:
             sys.stderr.write("\r\033[K")
         if args.report_json is not None:
-            write_report_json(args.report_json, report.summary)
+            write_report_json(args.report_json, report.summary, report.sections)
         if args.per_request_jsonl is not None:
             write_requests_jsonl(args.per_request_jsonl, report.records)
+        if args.telemetry_jsonl is not None:
+            write_samples_jsonl(args.telemetry_jsonl, report.sections["telemetry"]["samples"])
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -20,6 +20,7 @@ from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.collector import Collector, RequestRecord
 from servesim.metrics.summary import Cost, Sla, summarize
+from servesim.metrics.telemetry import Telemetry, TrafficWindow
 from servesim.router.affinity import MODES as AFFINITY_MODES
 from servesim.router.affinity import SessionAffinity
 from servesim.router.indexer import KvIndexer
@@ -66,7 +67,9 @@ class RunConfig:
     otherwise ``num_workers`` aggregated workers run ``engine``.
     ``exact_passes`` steps every engine pass as its own event instead of
     fast-forwarding decode-only stretches (same results, slower; the oracle
-    fast-forward is tested against).
+    fast-forward is tested against). ``telemetry_interval_ms`` turns on
+    telemetry samples (:mod:`servesim.metrics.telemetry`) into the report's
+    ``telemetry`` section.
     """
 
     trace: Path | None = None
@@ -88,6 +91,7 @@ class RunConfig:
     max_sim_time_ms: float | None = None
     seed: int = 42
     exact_passes: bool = False
+    telemetry_interval_ms: float | None = None
 
     @property
     def disaggregated(self) -> bool:
@@ -102,6 +106,7 @@ class Report:
     summary: dict[str, Any]
     records: list[RequestRecord]
     time_limited: bool
+    sections: dict[str, Any] = field(default_factory=dict)
 
 
 def _sessions(config: RunConfig) -> list[Session]:
@@ -198,7 +203,11 @@ def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report
         assert engine.kv_cache_bytes_per_token is not None
         disk = DiskTier(engine.g3_offload, engine.block_size * engine.kv_cache_bytes_per_token)
     flow, cost_of = _flow(config, ledger, completions, disk)
-    runtime = Runtime(flow, admission, ledger, completions)
+    telemetry = None
+    if config.telemetry_interval_ms is not None:
+        ledger.traffic = TrafficWindow()
+        telemetry = Telemetry(config.telemetry_interval_ms, ledger.traffic)
+    runtime = Runtime(flow, admission, ledger, completions, telemetry)
     started = time.perf_counter()
     outcome = runtime.run(config.max_sim_time_ms)
     wall_ms = (time.perf_counter() - started) * 1000.0
@@ -206,7 +215,13 @@ def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report
     summary = summarize(collector, cost=cost, sla=config.sla, wall_time_ms=wall_ms)
     if disk is not None:
         summary["g3_offload"] = disk.summary()
-    return Report(summary=summary, records=collector.records, time_limited=outcome.time_limited)
+    sections = {"telemetry": telemetry.section()} if telemetry is not None else {}
+    return Report(
+        summary=summary,
+        records=collector.records,
+        time_limited=outcome.time_limited,
+        sections=sections,
+    )
 
 
 def _validate(config: RunConfig) -> None:
@@ -225,6 +240,11 @@ def _validate(config: RunConfig) -> None:
         raise ConfigError(f"kv event lag must be finite and non-negative, got {lag}")
     if lag and config.router_mode != "kv_router":
         raise ConfigError("--kv-event-lag-ms only applies to --router-mode kv_router")
+    interval = config.telemetry_interval_ms
+    if interval is not None and not (math.isfinite(interval) and interval > 0):
+        raise ConfigError(
+            f"--telemetry-interval-ms must be a positive finite number of ms, got {interval}"
+        )
     if config.max_sim_time_ms is not None and config.max_sim_time_ms < 0:
         raise ConfigError(f"max sim time must be non-negative, got {config.max_sim_time_ms}")
     if not config.disaggregated:
@@ -262,11 +282,12 @@ def _flow(
     """The flow the config asks for, and how to price its worker-seconds (``disk``: the
     deployment's disk KV tier, under its aggregated workers' host tiers)."""
     fast = not config.exact_passes
+    gauges = config.telemetry_interval_ms is not None
     if not config.disaggregated:
         engine = config.engine
         kv = config.router_mode == "kv_router"
         workers = [
-            Worker(i, engine, fast_forward=fast, kv_events=kv, disk=disk)
+            Worker(i, engine, fast_forward=fast, kv_events=kv, disk=disk, gauges=gauges)
             for i in range(config.num_workers)
         ]
         pool = Pool(Stage.AGGREGATED, workers, completions)
@@ -306,14 +327,17 @@ def _flow(
     prefill_pool = Pool(
         Stage.PREFILL,
         [
-            Worker(i, prefill, fast_forward=fast, kv_events=kv)
+            Worker(i, prefill, fast_forward=fast, kv_events=kv, gauges=gauges)
             for i in range(config.num_prefill_workers)
         ],
         completions,
     )
     decode_pool = Pool(
         Stage.DECODE,
-        [Worker(i, decode, fast_forward=fast) for i in range(config.num_decode_workers)],
+        [
+            Worker(i, decode, fast_forward=fast, gauges=gauges)
+            for i in range(config.num_decode_workers)
+        ],
         completions,
     )
     indexer = KvIndexer() if kv else None

@@ -204,6 +204,10 @@ class DisaggregatedFlow:
         fixed = self._fixed[0][0] if self._fixed else math.inf
         return min(fixed, self._links.next_completion_ms()) if self._links is not None else fixed
 
+    def router_pending(self) -> tuple[int, int]:
+        """See :class:`~servesim.cluster.runtime.Flow`."""
+        return self._prefill_policy.pending, self._decode_policy.pending
+
     # ----- pass outputs -----
 
     def _prefill_ended(self, outputs: PassOutputs, now: float) -> None:
@@ -298,6 +302,8 @@ class DisaggregatedFlow:
             if self._observer is not None:
                 record.overlap_blocks = routed.overlap_blocks
                 record.best_overlap_blocks = routed.best_overlap_blocks
+                if self._ledger.traffic is not None:
+                    self._ledger.traffic.on_routed(routed.overlap_blocks, handoff.route.blocks)
             # The prefill side computes the prompt and one hidden token; the decode side emits them all.
             request = EngineRequest(
                 routed.uid,
@@ -346,9 +352,11 @@ class DisaggregatedFlow:
         destination = self._destination(handoff)
         if self._decode.settle_worker(worker, now):
             destination.enqueue(handoff.decode_request)
+            self._decode.commanded(worker)
             self._outcome(uid, action, Outcome.ACCEPTED)
             return
         granted = destination.reserve(handoff.decode_request)
+        self._decode.commanded(worker)
         self._outcome(uid, action, Outcome.ACCEPTED)
         self._grant(granted, now)
 
@@ -390,6 +398,7 @@ class DisaggregatedFlow:
             return
         destination = self._destination(handoff)
         destination.activate(handoff.decode_request)
+        self._decode.commanded(worker)
         self._decode.wake(worker)
         handoff.record.destination_activated_ms = now
         self._outcome(handoff.record.uid, action, Outcome.APPLIED)
@@ -403,6 +412,7 @@ class DisaggregatedFlow:
         if self._deferred_past_pass(self._prefill, worker, handoff.record.uid, action, now):
             return
         released = self._source(handoff).release(handoff.record.uid)
+        self._prefill.commanded(worker)
         self._observe(self._prefill.workers[worker], now)
         if released:
             self._prefill.wake(worker)
@@ -419,6 +429,7 @@ class DisaggregatedFlow:
             return
         destination = self._destination(handoff)
         cancelled = destination.cancel(handoff.decode_request)
+        self._decode.commanded(worker)
         self._outcome(handoff.record.uid, action, Outcome.APPLIED if cancelled else Outcome.NOOP)
         if cancelled:
             self._grant(destination.retry(), now)

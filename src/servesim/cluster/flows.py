@@ -180,6 +180,10 @@ class AggregatedFlow:
         """See :class:`~servesim.cluster.runtime.Flow`: no timers of its own."""
         return math.inf
 
+    def router_pending(self) -> tuple[int, int]:
+        """See :class:`~servesim.cluster.runtime.Flow`: its one router counts as decode."""
+        return 0, self._policy.pending
+
     def _dispatch(self, placed: list[Routed], now: float) -> None:
         collector = self._ledger.collector
         for routed in placed:
@@ -191,6 +195,8 @@ class AggregatedFlow:
             if self._observer is not None:
                 record.overlap_blocks = routed.overlap_blocks
                 record.best_overlap_blocks = routed.best_overlap_blocks
+                if self._ledger.traffic is not None:
+                    self._ledger.traffic.on_routed(routed.overlap_blocks, route.blocks)
             request = EngineRequest(
                 routed.uid, spec.prompt, spec.output_length, shared_blocks=spec.shared_blocks
             )

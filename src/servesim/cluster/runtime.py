@@ -14,6 +14,13 @@ becomes possible at that instant, in a fixed order, until nothing changes:
 then jumps to the next timestamp: the earliest pass end, arrival, flow
 deadline or idle worker's own deadline. A pass is decided at its start; its outputs become visible at its end.
 
+With telemetry (:mod:`servesim.metrics.telemetry`), a sample due at a
+timestamp is taken once it has settled; one due between timestamps is taken
+there without settling anything. Before either, fast-forward windows are
+split at the sample time (:meth:`Worker.split_at`) so that the pass ends
+before it happen, as stepping would have them. Cost is priced only at the
+timestamps the run has without telemetry, so sampling changes no output.
+
 What happens to a request between arrival and its end is the *flow*'s
 business (:mod:`servesim.cluster.flows`); the runtime owns the clock, the
 pools' pass lifecycle and the ledger of requests in flight.
@@ -32,6 +39,7 @@ from servesim.engine.request import EngineRequest
 from servesim.engine.worker import PassOutputs, Worker
 from servesim.errors import SimulationError
 from servesim.metrics.collector import Collector, RequestRecord, Terminal
+from servesim.metrics.telemetry import PoolView, Telemetry, TrafficWindow
 from servesim.workload.admission import AdmissionQueue, Released
 
 ProgressHook = Callable[[int], None]
@@ -80,6 +88,12 @@ class Pool:
         self._rescheduled(worker_id, worker.cut(now))
         return worker.busy
 
+    def commanded(self, worker_id: int) -> None:
+        """A handoff command changed an idle worker's state: it publishes its gauges (telemetry on)."""
+        worker = self.workers[worker_id]
+        if worker.published is not None:
+            worker.publish()
+
     def wake(self, worker_id: int) -> None:
         """Something changed a worker's state: let it try to start a pass at the next opportunity."""
         self.workers[worker_id].stalled = False
@@ -88,6 +102,16 @@ class Pool:
     def schedule_end(self, worker_id: int, end: float) -> None:
         """Put a worker's pass end on the heap."""
         heapq.heappush(self._completions, (end, self.stage, worker_id))
+
+    def split_at(self, worker_id: int, at: float) -> float | None:
+        """Split a worker's window at a sample time (see :meth:`Worker.split_at`); its new end."""
+        end = self.workers[worker_id].split_at(at)
+        self._rescheduled(worker_id, end)
+        return end
+
+    def view(self) -> PoolView:
+        """The pool as a telemetry sample sees it."""
+        return PoolView(active=self.workers)
 
     def _rescheduled(self, worker_id: int, end: float | None) -> None:
         if end is not None:
@@ -103,6 +127,8 @@ class Ledger:
         self.collector = collector
         self._admission = admission
         self._progress = progress
+        # With telemetry: the traffic of the current sample interval.
+        self.traffic: TrafficWindow | None = None
         self._records: dict[int, RequestRecord] = {}
         self._released: dict[int, Released] = {}
         self._ended = 0
@@ -141,6 +167,8 @@ class Ledger:
         """The request completed or was rejected at ``now``; its session may go on."""
         record = self._records.pop(uid)
         self.collector.on_terminal(record, now, terminal)
+        if self.traffic is not None and terminal is Terminal.COMPLETED:
+            self.traffic.on_completed(record)
         self._admission.on_finished(self._released.pop(uid), now)
         self._ended += 1
         if self._progress is not None:
@@ -183,6 +211,10 @@ class Flow(Protocol):
         """When the flow next has work of its own (``math.inf`` if none)."""
         ...
 
+    def router_pending(self) -> tuple[int, int]:
+        """Requests pending in the (prefill, decode) routers' queues (aggregated: decode)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunOutcome:
@@ -202,11 +234,17 @@ class Runtime:
         admission: AdmissionQueue,
         ledger: Ledger,
         completions: list[tuple[float, int, int]],
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.flow = flow
         self.admission = admission
         self.ledger = ledger
+        self.telemetry = telemetry
         self.now = 0.0
+        # The last timestamp cost was priced at (telemetry-only instants are not priced).
+        self._priced_ms = 0.0
+        # Pass ends that exist only because a window was split at a sample time.
+        self._split_ends: set[tuple[float, int, int]] = set()
         self._completions = completions
         self._pools = {pool.stage: pool for pool in flow.pools}
         self._worker_seconds = dict.fromkeys(self._pools, 0.0)
@@ -221,17 +259,19 @@ class Runtime:
     def run(self, max_sim_time_ms: float | None = None) -> RunOutcome:
         """Run until every request has ended (or the next timestamp passes the cap)."""
         self._settle()
+        telemetry = self.telemetry
+        if telemetry is not None:
+            telemetry.baseline(self.now, *self._observed())
+        cap = math.inf if max_sim_time_ms is None else max_sim_time_ms
         while True:
-            upcoming = min(
-                self.admission.next_ready_ms(self.now),
-                self._completions[0][0] if self._completions else math.inf,
-                self._deadlines[0][0] if self._deadlines else math.inf,
-                self.flow.next_deadline(),
-            )
+            upcoming = self._upcoming()
+            if telemetry is not None and telemetry.next_ms <= min(upcoming, cap) < math.inf:
+                self._sample_due(telemetry, upcoming)
+                continue
             if upcoming == math.inf:
                 break
-            if max_sim_time_ms is not None and upcoming > max_sim_time_ms:
-                self._deliver_windows_up_to(max_sim_time_ms)
+            if upcoming > cap:
+                self._deliver_windows_up_to(cap)
                 return self._outcome(time_limited=True)
             self._advance(upcoming)
             self._settle()
@@ -242,14 +282,72 @@ class Runtime:
             )
         return self._outcome(time_limited=False)
 
+    def _upcoming(self) -> float:
+        """The next timestamp: the earliest arrival, pass end or deadline."""
+        return min(
+            self.admission.next_ready_ms(self.now),
+            self._completions[0][0] if self._completions else math.inf,
+            self._deadlines[0][0] if self._deadlines else math.inf,
+            self.flow.next_deadline(),
+        )
+
     def _advance(self, upcoming: float) -> None:
-        # Cost integrates the provisioned workers over each clock advance, step by step.
-        dt = (upcoming - self.now) / 1000.0
+        # Cost integrates the provisioned workers over each clock advance, step by step,
+        # at the timestamps a run without telemetry has (so sampling leaves it unchanged).
+        if self._split_ends and not self._natural(upcoming):
+            self.now = upcoming
+            return
+        dt = (upcoming - self._priced_ms) / 1000.0
         for stage, pool in self._pools.items():
             self._worker_seconds[stage] += dt * len(pool.workers)
-        self.now = upcoming
+        self.now = self._priced_ms = upcoming
+
+    def _natural(self, at: float) -> bool:
+        """Whether the timestamp ``at`` exists without telemetry (not only a split window's end)."""
+        split = self._split_ends
+        natural = any(entry[0] == at and entry not in split for entry in self._completions)
+        split.difference_update([entry for entry in split if entry[0] <= at])
+        return (
+            natural
+            or self.admission.next_ready_ms(self.now) == at
+            or (bool(self._deadlines) and self._deadlines[0][0] == at)
+            or self.flow.next_deadline() == at
+        )
+
+    # ----- telemetry -----
+
+    def _sample_due(self, telemetry: Telemetry, upcoming: float) -> None:
+        """Take the sample due at ``telemetry.next_ms`` (at most ``upcoming``)."""
+        due = telemetry.next_ms
+        if self._split_windows(due):
+            return  # a window now ends by the sample: the loop settles its end first
+        if due == upcoming:
+            self._advance(due)
+            self._settle()
+        else:
+            self.now = due  # between timestamps: observe only
+        telemetry.periodic(due, *self._observed())
+
+    def _split_windows(self, at: float) -> bool:
+        split = False
+        for pool in self.flow.pools:
+            for worker in pool.workers:
+                end = pool.split_at(worker.worker_id, at) if worker.busy else None
+                if end is not None:
+                    self._split_ends.add((end, pool.stage, worker.worker_id))
+                    split = True
+        return split
+
+    def _observed(self) -> tuple[dict[str, PoolView], tuple[int, int]]:
+        views = {
+            "prefill" if pool.stage is Stage.PREFILL else "decode": pool.view()
+            for pool in self.flow.pools
+        }
+        return views, self.flow.router_pending()
 
     def _outcome(self, *, time_limited: bool) -> RunOutcome:
+        if self.telemetry is not None:
+            self.telemetry.final(self.now, *self._observed())
         self.ledger.collector.committed_prefill_tokens = sum(
             rank.committed_prefill_tokens
             for pool in self._pools.values()
@@ -322,6 +420,8 @@ class Runtime:
     def _release_arrivals(self, now: float) -> bool:
         released = self.admission.release(now)
         collector = self.ledger.collector
+        if self.ledger.traffic is not None:
+            self.ledger.traffic.arrivals += len(released)
         for item in released:
             spec = item.spec
             record = collector.on_arrival(

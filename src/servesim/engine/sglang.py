@@ -66,7 +66,7 @@ from servesim.engine.kv.radix_cache import (
 )
 from servesim.engine.request import EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
-from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult
+from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankGauges
 from servesim.engine.speculative import SpeculativeSampler
 from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
@@ -265,6 +265,20 @@ class SglangScheduler:
             seconds=[],
             durations=pass_durations(series / timing.decode_divisor),
             removals=[],
+        )
+
+    def gauges(self) -> RankGauges:
+        """See :class:`~servesim.engine.scheduler.RankScheduler`: pages as blocks."""
+        cache = self.kv.cache
+        total = cache.pool.total_pages
+        inactive = cache.evictable_size // self.block_size
+        return RankGauges(
+            active_blocks=total - cache.pool.num_free_pages - inactive,
+            inactive_blocks=inactive,
+            total_blocks=total,
+            running=len(self.running),
+            waiting=len(self.waiting) + len(self.prebuilt),
+            preemptions=self.preemptions_total,
         )
 
     def commit_decode(self, plan: DecodePlan, passes: int, end_ms: float) -> list[EngineRequest]:
@@ -757,7 +771,11 @@ class SglangScheduler:
                 self._decode_token(request, reservation, result, finished)
                 continue
             result.bursts = True
-            for _ in range(sampler.burst(request.max_output - request.generated)):
+            burst = sampler.burst(request.max_output - request.generated)
+            if request.generated:  # a decode forward (a first burst comes from the prefill)
+                forwards, accepted = result.drafted or (0, 0)
+                result.drafted = (forwards + 1, accepted + sampler.accepted)
+            for _ in range(burst):
                 self._decode_token(request, reservation, result, finished)
                 if request.generated >= request.max_output:
                     break

@@ -52,11 +52,13 @@ from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.kv.hashing import chain, generated_block_hash
 from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
-from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult
+from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankGauges
 from servesim.engine.speculative import SpeculativeSampler
 from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
 _UNBOUNDED = 1 << 62
+_DECODED = (1, -1, 0)
+"""A request's share of a pass that computed no prompt token (see ``_scheduled``)."""
 
 
 class _Outcome(Enum):
@@ -285,6 +287,18 @@ class VllmScheduler:
             cohort or self._scheduled or result.finished or result.rejected or result.preempted
         )
         return result
+
+    def gauges(self) -> RankGauges:
+        """See :class:`~servesim.engine.scheduler.RankScheduler`."""
+        pool = self.pool
+        return RankGauges(
+            active_blocks=pool.num_active,
+            inactive_blocks=pool.num_inactive_visible,
+            total_blocks=pool.capacity,
+            running=len(self.running),
+            waiting=len(self.waiting) + len(self._connector),
+            preemptions=self.preemptions_total,
+        )
 
     # ----- decode fast-forward -----
 
@@ -970,8 +984,11 @@ class VllmScheduler:
             result.cohorts.append((self.last_emit_ms, members))
         join = self.lazy and self._decodes
         offload = self._offload
+        forwards = members if self._decodes else 0
         for request in ready:
             if request.generated < request.max_output:
+                if self._decodes and scheduled.get(request, _DECODED)[1] < 0:
+                    forwards += 1  # a decode forward: no prompt tokens this pass
                 request.generated += 1
                 result.emitted.append(request)
             if self._generation_complete(request):
@@ -981,6 +998,7 @@ class VllmScheduler:
                 # (With a host tier, once its prompt was offered to host: a member does
                 # nothing per pass, so a store it still has to retry would be lost.)
                 self._join(request)
+        result.drafted = (forwards, forwards)
         return end
 
     def _prefill_ms(self) -> float:
@@ -1038,10 +1056,17 @@ class VllmScheduler:
         end = self._pass_end(now, prefill, decode)
         sampler = self._sampler
         assert sampler is not None
-        bursts = [
-            sampler.burst(self._remaining(r)) if self._decodes else min(1, self._remaining(r))
-            for r in ready
-        ]
+        bursts = []
+        forwards = accepted = 0
+        for request in ready:
+            if not self._decodes:
+                bursts.append(min(1, self._remaining(request)))
+                continue
+            bursts.append(sampler.burst(self._remaining(request)))
+            if request.generated:  # a decode forward (a first burst comes from the prefill)
+                forwards += 1
+                accepted += sampler.accepted
+        result.drafted = (forwards, accepted)
         result.bursts = True
         reserved.reverse()  # handed out in the order they were taken
         for request, burst in zip(ready, bursts, strict=True):

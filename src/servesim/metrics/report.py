@@ -61,7 +61,7 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
     return row
 
 
-def _atomic_write(path: Path, chunks: Iterable[str]) -> None:
+def atomic_write(path: Path, chunks: Iterable[str]) -> None:
     """Write a file whole or not at all (no partial report is ever left behind).
 
     A path that exists and is not a regular file (``/dev/stdout``, a pipe) is
@@ -85,15 +85,23 @@ def _atomic_write(path: Path, chunks: Iterable[str]) -> None:
         raise
 
 
-def write_report_json(path: Path, summary: dict[str, Any]) -> None:
-    """``{"summary": {...}}`` with sorted keys."""
-    _atomic_write(path, [json.dumps({"summary": summary}, indent=2, sort_keys=True), "\n"])
+def write_report_json(
+    path: Path, summary: dict[str, Any], sections: dict[str, Any] | None = None
+) -> None:
+    """``{"summary": {...}}`` and the run's other sections (``telemetry``), sorted keys."""
+    report = {"summary": summary, **(sections or {})}
+    atomic_write(path, [json.dumps(report, indent=2, sort_keys=True), "\n"])
+
+
+def write_samples_jsonl(path: Path, samples: list[dict[str, Any]]) -> None:
+    """Telemetry samples, one a line (``--telemetry-jsonl``)."""
+    atomic_write(path, (json.dumps(s, sort_keys=True) + "\n" for s in samples))
 
 
 def write_requests_jsonl(path: Path, records: list[RequestRecord]) -> None:
     """One line per request, by arrival then uid."""
     ordered = sorted(records, key=lambda r: (r.arrival_ms, r.uid))
-    _atomic_write(path, (json.dumps(request_row(r), sort_keys=True) + "\n" for r in ordered))
+    atomic_write(path, (json.dumps(request_row(r), sort_keys=True) + "\n" for r in ordered))
 
 
 _ROWS = (

@@ -52,6 +52,11 @@ class PlacementPolicy(Protocol):
         """A request ended; returns requests released from the queue."""
         ...
 
+    @property
+    def pending(self) -> int:
+        """Requests waiting in the policy's queue."""
+        ...
+
 
 class RoundRobinPolicy:
     """Round robin over workers and ranks (rank-major, or worker-major for a P/D pool); never queues."""
@@ -71,6 +76,11 @@ class RoundRobinPolicy:
     def request_ended(self, uid: int, now: float) -> list[Routed]:
         """See :class:`PlacementPolicy`: nothing to release."""
         return []
+
+    @property
+    def pending(self) -> int:
+        """See :class:`PlacementPolicy`: it never queues."""
+        return 0
 
 
 @dataclass(slots=True)
