@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from servesim.cluster.flows import AggregatedFlow, KvObserver
-from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, Stage
+from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, ScalingPolicy, Stage
 from servesim.config import Backend, EngineConfig, RouterConfig
 from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.worker import Worker
@@ -150,8 +150,17 @@ def _sessions(config: RunConfig) -> list[Session]:
     )
 
 
-def run(config: RunConfig, *, progress: Callable[[int], None] | None = None) -> Report:
+def run(
+    config: RunConfig,
+    *,
+    progress: Callable[[int], None] | None = None,
+    scaling: ScalingPolicy | None = None,
+) -> Report:
     """Replay the workload on the configured cluster and summarise what users would see.
+
+    ``scaling`` resizes the pools at its ticks (see
+    :class:`~servesim.cluster.runtime.ScalingPolicy`); the report then lists
+    every worker's lifecycle transitions under ``lifecycle_transitions``.
 
     Python's cyclic garbage collector is paused for the replay (and resumed
     as it was found): see :func:`_collector_paused`.
@@ -162,7 +171,7 @@ def run(config: RunConfig, *, progress: Callable[[int], None] | None = None) -> 
     """
     _validate(config)
     with _collector_paused():
-        return _replay(config, progress)
+        return _replay(config, progress, scaling)
 
 
 @contextmanager
@@ -185,7 +194,11 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report:
+def _replay(
+    config: RunConfig,
+    progress: Callable[[int], None] | None,
+    scaling: ScalingPolicy | None = None,
+) -> Report:
     sessions = _sessions(config)
     engine = config.prefill_engine or config.engine
     if engine.backend is not Backend.SGLANG:
@@ -207,7 +220,7 @@ def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report
     if config.telemetry_interval_ms is not None:
         ledger.traffic = TrafficWindow()
         telemetry = Telemetry(config.telemetry_interval_ms, ledger.traffic)
-    runtime = Runtime(flow, admission, ledger, completions, telemetry)
+    runtime = Runtime(flow, admission, ledger, completions, telemetry, scaling)
     started = time.perf_counter()
     outcome = runtime.run(config.max_sim_time_ms)
     wall_ms = (time.perf_counter() - started) * 1000.0
@@ -215,7 +228,18 @@ def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report
     summary = summarize(collector, cost=cost, sla=config.sla, wall_time_ms=wall_ms)
     if disk is not None:
         summary["g3_offload"] = disk.summary()
-    sections = {"telemetry": telemetry.section()} if telemetry is not None else {}
+    sections: dict[str, Any] = {"telemetry": telemetry.section()} if telemetry is not None else {}
+    if scaling is not None:
+        sections["lifecycle_transitions"] = [
+            {
+                "at_ms": t.at_ms,
+                "pool": "agg" if t.stage is Stage.AGGREGATED else t.stage.name.lower(),
+                "worker_id": t.worker_id,
+                "prior_state": None if t.prior is None else t.prior.value,
+                "state": t.state.value,
+            }
+            for t in runtime.transitions()
+        ]
     return Report(
         summary=summary,
         records=collector.records,
@@ -286,11 +310,16 @@ def _flow(
     if not config.disaggregated:
         engine = config.engine
         kv = config.router_mode == "kv_router"
-        workers = [
-            Worker(i, engine, fast_forward=fast, kv_events=kv, disk=disk, gauges=gauges)
-            for i in range(config.num_workers)
-        ]
-        pool = Pool(Stage.AGGREGATED, workers, completions)
+
+        def aggregated(i: int) -> Worker:
+            return Worker(i, engine, fast_forward=fast, kv_events=kv, disk=disk, gauges=gauges)
+
+        pool = Pool(
+            Stage.AGGREGATED,
+            [aggregated(i) for i in range(config.num_workers)],
+            completions,
+            factory=aggregated,
+        )
         indexer = KvIndexer() if kv else None
         policy: PlacementPolicy = RoundRobinPolicy([engine.dp_size] * config.num_workers)
         if kv:
@@ -324,21 +353,24 @@ def _flow(
     prefill, decode = config.prefill_engine, config.decode_engine
     assert prefill is not None and decode is not None
     kv = config.router_mode == "kv_router"
+
+    def prefill_worker(i: int) -> Worker:
+        return Worker(i, prefill, fast_forward=fast, kv_events=kv, gauges=gauges)
+
+    def decode_worker(i: int) -> Worker:
+        return Worker(i, decode, fast_forward=fast, gauges=gauges)
+
     prefill_pool = Pool(
         Stage.PREFILL,
-        [
-            Worker(i, prefill, fast_forward=fast, kv_events=kv, gauges=gauges)
-            for i in range(config.num_prefill_workers)
-        ],
+        [prefill_worker(i) for i in range(config.num_prefill_workers)],
         completions,
+        factory=prefill_worker,
     )
     decode_pool = Pool(
         Stage.DECODE,
-        [
-            Worker(i, decode, fast_forward=fast, gauges=gauges)
-            for i in range(config.num_decode_workers)
-        ],
+        [decode_worker(i) for i in range(config.num_decode_workers)],
         completions,
+        factory=decode_worker,
     )
     indexer = KvIndexer() if kv else None
     policies: dict[str, PlacementPolicy] = {}

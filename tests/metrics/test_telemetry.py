@@ -32,6 +32,7 @@ def _run(
     interval: float = 2.0,
     engine: dict[str, Any] | None = None,
     telemetry: float | None = 1.0,
+    synthetic_extra: dict[str, Any] | None = None,
     **kw: Any,
 ) -> Report:
     return run(
@@ -41,6 +42,7 @@ def _run(
                 output_tokens=outputs,
                 request_count=count,
                 arrival_interval_ms=interval,
+                **(synthetic_extra or {}),
             ),
             engine=parse_engine_args({"block_size": 64, "timing_model": FIXED, **(engine or {})}),
             telemetry_interval_ms=telemetry,
@@ -237,3 +239,31 @@ def test_jsonl_needs_an_interval(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--telemetry-jsonl needs --telemetry-interval-ms" in err
+
+
+def test_sglang_counts_prefill_chunks_and_keeps_tree_pages_active() -> None:
+    """SGLang, four 1,024-token prompts 20 ms apart sharing their first half, 16-token pages,
+    sampled every 5 ms: each prefill pass (10 ms) reports its prompt's 1,024 tokens at
+    its end, the later ones 512 of them as cache hits; a finished request's pages stay in the
+    radix tree and count as active (64 pages, then 32 more a request: its unshared half)."""
+    samples = _run(
+        inputs=1024,
+        count=4,
+        interval=20.0,
+        outputs=4,
+        telemetry=5.0,
+        engine={"backend": "sglang", "block_size": 16},
+        synthetic_extra={"shared_prefix_ratio": 0.5, "num_prefix_groups": 1},
+    ).sections["telemetry"]["samples"]
+    cache = {
+        s["sampled_at_ms"]: (
+            s["decode_interval_metrics"]["cache_hit_tokens"],
+            s["decode_interval_metrics"]["cache_total_tokens"],
+        )
+        for s in samples
+        if s["decode_interval_metrics"]["cache_total_tokens"]
+    }
+    assert cache == {10.0: (0, 1024), 30.0: (512, 1024), 50.0: (512, 1024), 70.0: (512, 1024)}
+    active = {s["sampled_at_ms"]: _gauges(s)[0] for s in samples}
+    assert active[15.0] == (64, 0, 0, 0) and active[35.0] == (96, 0, 0, 0)
+    assert active[30.0] == (97, 0, 1, 0)  # 64 + 32 pages of its own + one for its output

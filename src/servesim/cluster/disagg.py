@@ -208,6 +208,16 @@ class DisaggregatedFlow:
         """See :class:`~servesim.cluster.runtime.Flow`."""
         return self._prefill_policy.pending, self._decode_policy.pending
 
+    def set_routable(self, pool: Pool, now: float) -> None:
+        """See :class:`~servesim.cluster.runtime.Flow`."""
+        if pool is self._prefill:
+            if self._observer is not None:
+                self._observer.catch_up(now)
+            self._dispatch_prefill(self._prefill_policy.set_routable(pool.routable(), now), now)
+        else:
+            released = self._decode_policy.set_routable(pool.routable(), now)
+            assert not released, "destinations are placed when reserved, never queued"
+
     # ----- pass outputs -----
 
     def _prefill_ended(self, outputs: PassOutputs, now: float) -> None:

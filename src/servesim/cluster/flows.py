@@ -184,6 +184,12 @@ class AggregatedFlow:
         """See :class:`~servesim.cluster.runtime.Flow`: its one router counts as decode."""
         return 0, self._policy.pending
 
+    def set_routable(self, pool: Pool, now: float) -> None:
+        """See :class:`~servesim.cluster.runtime.Flow`: queued requests may go to new workers."""
+        if self._observer is not None:
+            self._observer.catch_up(now)
+        self._dispatch(self._policy.set_routable(pool.routable(), now), now)
+
     def _dispatch(self, placed: list[Routed], now: float) -> None:
         collector = self._ledger.collector
         for routed in placed:

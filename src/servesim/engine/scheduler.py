@@ -30,7 +30,8 @@ class RankGauges:
         total_blocks: the rank's KV blocks.
         running: requests in the running batch.
         waiting: requests queued for admission (preempted ones included).
-        preemptions: preemptions since the run began.
+        preemptions: preemptions since the run began (an SGLang retraction is none:
+            the reference's telemetry does not count it).
     """
 
     active_blocks: int
@@ -65,6 +66,10 @@ class PassResult:
             or a recompute after a preemption) is no decode forward for it;
             a speculative step's accepted length counts in full even when
             the output ends sooner (as the reference's telemetry counts it).
+        cache_tokens: (prefix-cache hit tokens, prompt tokens) of the pass's
+            prefill chunks, as the reference's SGLang engine counts them for
+            telemetry (a chunk counts its tokens, a request's first chunk its
+            cached prefix too); the vLLM engine reports none.
     """
 
     end_ms: float
@@ -78,6 +83,7 @@ class PassResult:
     seconds: list[EngineRequest] = field(default_factory=list)
     bursts: bool = False
     drafted: tuple[int, int] | None = None
+    cache_tokens: tuple[int, int] = (0, 0)
 
 
 CatchUp = tuple[EngineRequest, int, float]

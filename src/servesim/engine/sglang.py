@@ -268,17 +268,16 @@ class SglangScheduler:
         )
 
     def gauges(self) -> RankGauges:
-        """See :class:`~servesim.engine.scheduler.RankScheduler`: pages as blocks."""
-        cache = self.kv.cache
-        total = cache.pool.total_pages
-        inactive = cache.evictable_size // self.block_size
+        """See :class:`~servesim.engine.scheduler.RankScheduler`: pages as blocks, every page
+        in use active (the radix tree's cached pages included), as the reference counts them."""
+        pool = self.kv.cache.pool
         return RankGauges(
-            active_blocks=total - cache.pool.num_free_pages - inactive,
-            inactive_blocks=inactive,
-            total_blocks=total,
+            active_blocks=pool.total_pages - pool.num_free_pages,
+            inactive_blocks=0,
+            total_blocks=pool.total_pages,
             running=len(self.running),
             waiting=len(self.waiting) + len(self.prebuilt),
-            preemptions=self.preemptions_total,
+            preemptions=0,
         )
 
     def commit_decode(self, plan: DecodePlan, passes: int, end_ms: float) -> list[EngineRequest]:
@@ -382,6 +381,8 @@ class SglangScheduler:
                 else:
                     prefilled.append(request)
             result.end_ms = self._first_tokens(prefilled, start, result)
+            # Its tokens are first tokens (a retracted request's again too): no decode forward.
+            result.drafted = (0, 0)
             for request in prefilled:
                 self._enter_running(request)
         else:
@@ -517,6 +518,11 @@ class SglangScheduler:
                 waiting.appendleft(request)
                 break
             request.num_computed = end
+            hits, tokens = result.cache_tokens
+            result.cache_tokens = (
+                hits + (0 if materialized else prefix),
+                tokens + end - materialized,
+            )
             if not materialized:
                 result.admitted.append((request, prefix))
             self.committed_prefill_tokens += end - prefix

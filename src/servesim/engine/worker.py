@@ -27,6 +27,7 @@ it is published when it happens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,6 +101,7 @@ class Worker:
     """A worker's ranks and its pass lifecycle (idle, or busy until ``busy_until``)."""
 
     __slots__ = (
+        "_cache_in_flight",
         "_carry",
         "_forwards_in_flight",
         "_outputs",
@@ -108,6 +110,8 @@ class Worker:
         "_valid_passes",
         "_window",
         "busy_until",
+        "cache_hit_tokens",
+        "cache_total_tokens",
         "config",
         "decode_forwards",
         "decode_tokens",
@@ -168,6 +172,10 @@ class Worker:
         self.decode_forwards = 0
         self.decode_tokens = 0
         self._forwards_in_flight = (0, 0)
+        # Prefix-cache hit and prompt tokens of the passes ended (see PassResult.cache_tokens).
+        self.cache_hit_tokens = 0
+        self.cache_total_tokens = 0
+        self._cache_in_flight = (0, 0)
         # Passes left of a window split at a sample time: the next window plans no
         # more, so that windows end where they would without the split.
         self._carry: int | None = None
@@ -296,6 +304,10 @@ class Worker:
         self._outputs = _collect(results)
         if self.published is not None:
             self._forwards_in_flight = _decode_forwards(results)
+            self._cache_in_flight = (
+                sum(r.cache_tokens[0] for r in results),
+                sum(r.cache_tokens[1] for r in results),
+            )
         self._take_catch_ups()
         return self.busy_until, [admission for r in results for admission in r.admitted]
 
@@ -314,6 +326,9 @@ class Worker:
             self.decode_forwards += forwards
             self.decode_tokens += tokens
             self._forwards_in_flight = (0, 0)
+            self.cache_hit_tokens += self._cache_in_flight[0]
+            self.cache_total_tokens += self._cache_in_flight[1]
+            self._cache_in_flight = (0, 0)
             self.publish()
         return out
 
@@ -365,6 +380,16 @@ class Worker:
     def in_flight(self) -> int:
         """Requests waiting or running on any rank."""
         return sum(len(r.waiting) + len(r.running) for r in self.ranks)
+
+    def drained(self) -> bool:
+        """Idle with nothing left to do: no pass, request, handoff duty or own work (a draining
+        worker may then be removed)."""
+        return (
+            self.busy_until is None
+            and self.in_flight() == 0
+            and not any(rank.has_work() or rank.role.holds_work() for rank in self.ranks)
+            and self.next_internal_deadline() == math.inf
+        )
 
     def take_scheduled_removals(self) -> list[ScheduledRemoval]:
         """The Removed events of the window just started, each due at the end of its pass.

@@ -17,10 +17,9 @@ overlap ratios at routing; decode request-forwards and the tokens they made
 visible (``avg_accept_length``, 1.0 without speculative decoding).
 *Gauges* are each (worker, rank)'s published counts (see
 :mod:`servesim.engine.worker`: the state after its latest pass end or
-submit). *Interval counters* are the pool's preemptions in the interval;
-``cache_hit_tokens`` and ``cache_total_tokens`` count host-cache lookups,
-which the reference reports as 0 on every run it makes without a host
-tier feeding them (they stay 0 here: see docs/reference-differences.md).
+submit). *Interval counters* are the pool's preemptions in the interval
+and, as the reference's SGLang engine reports them, the prefix-cache hit
+and prompt tokens of its prefill chunks (its vLLM engine reports none).
 
 Sampling observes and never changes the run: a sample between events runs
 no settle loop and prices no worker time.
@@ -123,6 +122,8 @@ class PublishingWorker(Protocol):
     published: list[RankGauges] | None
     decode_forwards: int
     decode_tokens: int
+    cache_hit_tokens: int
+    cache_total_tokens: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,7 +172,7 @@ class Telemetry:
         self._ordinal = 1  # the next periodic multiple of the interval
         self._last_ms = 0.0
         # Cumulative counters at the previous sample, by (pool name, worker id).
-        self._seen: dict[tuple[str, int], tuple[int, int, int]] = {}
+        self._seen: dict[tuple[str, int], tuple[int, int, int, int, int]] = {}
 
     @property
     def next_ms(self) -> float:
@@ -204,25 +205,28 @@ class Telemetry:
         interval: dict[str, dict[str, int]] = {}
         for name in ("prefill", "decode"):
             pool = pools.get(name)
-            preemptions = 0
+            counted = [0, 0, 0]  # preemptions, cache hit tokens, cache total tokens
             for worker in [*pool.active, *pool.draining] if pool is not None else []:
                 assert worker.published is not None
                 counts = (
                     worker.decode_forwards,
                     worker.decode_tokens,
                     sum(g.preemptions for g in worker.published),
+                    worker.cache_hit_tokens,
+                    worker.cache_total_tokens,
                 )
-                before = self._seen.get((name, worker.worker_id), (0, 0, 0))
+                before = self._seen.get((name, worker.worker_id), (0, 0, 0, 0, 0))
                 if baseline:  # gauges only: its counters open the first interval
                     continue
                 self._seen[name, worker.worker_id] = counts
                 forwards += counts[0] - before[0]
                 tokens += counts[1] - before[1]
-                preemptions += counts[2] - before[2]
+                for i in range(3):
+                    counted[i] += counts[2 + i] - before[2 + i]
             interval[name] = {
-                "cache_hit_tokens": 0,
-                "cache_total_tokens": 0,
-                "preemptions": preemptions,
+                "cache_hit_tokens": counted[1],
+                "cache_total_tokens": counted[2],
+                "preemptions": counted[0],
             }
         sample: dict[str, Any] = {
             "sample_ordinal": len(self.samples),
