@@ -57,8 +57,6 @@ from servesim.engine.speculative import SpeculativeSampler
 from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
 _UNBOUNDED = 1 << 62
-_DECODED = (1, -1, 0)
-"""A request's share of a pass that computed no prompt token (see ``_scheduled``)."""
 
 
 class _Outcome(Enum):
@@ -146,6 +144,7 @@ class VllmScheduler:
         self._budget = 0
         self._batch = [0, 0, 0]  # prompts scheduled, sum of isl, sum of prefix
         self._scheduled: dict[EngineRequest, tuple[int, int, int]] = {}
+        self._recomputing: list[EngineRequest] = []
         self._emitting: list[EngineRequest] = []
         self._result = PassResult(end_ms=0.0)
 
@@ -270,6 +269,7 @@ class VllmScheduler:
         self._budget = self._max_tokens
         self._batch = [0, 0, 0]
         self._scheduled = {}
+        self._recomputing = []
         self._step += 1
         cohort = bool(self._members) and self._schedule_cohort()
         if not cohort:
@@ -856,6 +856,8 @@ class VllmScheduler:
         prompt_tokens = min(target, request.prompt_len) - prompt_before
         batch = self._batch
         if prompt_tokens > 0:
+            if request.generated:  # a preempted request recomputing prompt and output
+                self._recomputing.append(request)
             self.committed_prefill_tokens += desired
             batch[0] += 1
             batch[1] += prompt_before + prompt_tokens
@@ -984,11 +986,13 @@ class VllmScheduler:
             result.cohorts.append((self.last_emit_ms, members))
         join = self.lazy and self._decodes
         offload = self._offload
-        forwards = members if self._decodes else 0
+        # Decode forwards (telemetry): the decoding requests but those recomputing their
+        # prompt after a preemption (rare: counted only when there are any).
+        forwards = decoding if self._decodes else 0
+        if forwards and self._recomputing:
+            forwards -= sum(1 for r in self._recomputing if r.num_computed == r.length)
         for request in ready:
             if request.generated < request.max_output:
-                if self._decodes and scheduled.get(request, _DECODED)[1] < 0:
-                    forwards += 1  # a decode forward: no prompt tokens this pass
                 request.generated += 1
                 result.emitted.append(request)
             if self._generation_complete(request):

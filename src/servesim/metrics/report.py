@@ -88,9 +88,24 @@ def atomic_write(path: Path, chunks: Iterable[str]) -> None:
 def write_report_json(
     path: Path, summary: dict[str, Any], sections: dict[str, Any] | None = None
 ) -> None:
-    """``{"summary": {...}}`` and the run's other sections (``telemetry``), sorted keys."""
+    """``{"summary": {...}}`` and the run's other sections (``telemetry``), sorted keys.
+
+    Telemetry samples are written one a line: a long run has tens of
+    thousands, which the indenting encoder (pure Python) takes seconds over.
+    """
     report = {"summary": summary, **(sections or {})}
-    atomic_write(path, [json.dumps(report, indent=2, sort_keys=True), "\n"])
+    telemetry = report.get("telemetry")
+    if telemetry is None:
+        atomic_write(path, [json.dumps(report, indent=2, sort_keys=True), "\n"])
+        return
+    report["telemetry"] = {**telemetry, "samples": _SAMPLES}
+    head, tail = json.dumps(report, indent=2, sort_keys=True).split(json.dumps(_SAMPLES))
+    lines = ",\n".join("      " + json.dumps(s, sort_keys=True) for s in telemetry["samples"])
+    atomic_write(path, [head, "[\n", lines, "\n    ]" if lines else "]", tail, "\n"])
+
+
+# Where the samples go in a report's text (no report value is a string like it).
+_SAMPLES = "\u0000telemetry samples\u0000"
 
 
 def write_samples_jsonl(path: Path, samples: list[dict[str, Any]]) -> None:
