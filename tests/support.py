@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -10,7 +11,15 @@ from pathlib import Path
 from servesim import RunConfig, SyntheticWorkload, parse_engine_args, run
 from servesim.cluster.disagg import DisaggregatedFlow
 from servesim.cluster.flows import AggregatedFlow, KvObserver
-from servesim.cluster.runtime import Ledger, Pool, RunOutcome, Runtime, Stage
+from servesim.cluster.runtime import (
+    Ledger,
+    Pool,
+    RunOutcome,
+    Runtime,
+    ScaleDecision,
+    ScalingSnapshot,
+    Stage,
+)
 from servesim.config import EngineConfig, RouterConfig
 from servesim.engine.worker import Worker
 from servesim.metrics.collector import Collector
@@ -134,3 +143,31 @@ def replay_synthetic(
             exact_passes=exact_passes,
         )
     )
+
+
+class Schedule:
+    """A scripted scaling policy: at each ``(time ms, {stage: target})`` it sets those pool sizes.
+
+    Ticks come at the schedule's times only (the runtime skips those after
+    the workload is done); it records each tick's snapshot of pool states.
+    """
+
+    def __init__(self, steps: Sequence[tuple[float, Mapping[Stage, int]]]) -> None:
+        self._steps = sorted(steps, key=lambda step: step[0])
+        self._next = 0
+        self.seen: list[tuple[float, dict[Stage, list[str]]]] = []
+
+    def initial_tick_ms(self) -> float:
+        """See :class:`~servesim.cluster.runtime.ScalingPolicy`."""
+        return self._steps[0][0] if self._steps else math.inf
+
+    def on_tick(self, snapshot: ScalingSnapshot) -> ScaleDecision:
+        """See :class:`~servesim.cluster.runtime.ScalingPolicy`."""
+        at, targets = self._steps[self._next]
+        assert at == snapshot.now_ms
+        self.seen.append(
+            (at, {s: [st.value for st in p.states] for s, p in snapshot.pools.items()})
+        )
+        self._next += 1
+        after = self._steps[self._next][0] if self._next < len(self._steps) else math.inf
+        return ScaleDecision(targets=dict(targets), next_tick_ms=after)

@@ -43,7 +43,7 @@ from servesim.config import (
 )
 from servesim.errors import ConfigError, ServesimError
 from servesim.metrics.html import write_html
-from servesim.metrics.report import read_report_json
+from servesim.metrics.report import read_report_json, write_samples_jsonl
 from servesim.metrics.summary import Sla
 from servesim.metrics.terminal import render_text, renderables
 from servesim.simulation import RunConfig, SyntheticWorkload, run
@@ -385,6 +385,19 @@ def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="write a self-contained HTML page with the run's charts here",
     )
+    o.add_argument(
+        "--telemetry-interval-ms",
+        metavar="MS",
+        type=_positive,
+        help="sample traffic and every worker's scheduler this often (virtual ms) into the "
+        "report's telemetry section",
+    )
+    o.add_argument(
+        "--telemetry-jsonl",
+        metavar="PATH",
+        type=Path,
+        help="write the telemetry samples here, one a line (needs --telemetry-interval-ms)",
+    )
     o.add_argument("--quiet", action="store_true", help="print no report and no progress")
 
 
@@ -482,6 +495,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         else args.max_sim_time_seconds * 1000.0,
         seed=args.seed,
         exact_passes=args.exact_passes,
+        telemetry_interval_ms=args.telemetry_interval_ms,
     )
 
 
@@ -728,10 +742,13 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.html is not None and args.html.is_dir():
         args.html = args.html / "servesim_report.html"
     try:
+        if args.telemetry_jsonl is not None and args.telemetry_interval_ms is None:
+            command_parser.error("--telemetry-jsonl needs --telemetry-interval-ms")
         for path, flag in (
             (args.report_json, "--report-json"),
             (args.per_request_jsonl, "--per-request-jsonl"),
             (args.html, "--html"),
+            (args.telemetry_jsonl, "--telemetry-jsonl"),
         ):
             if path is not None:
                 check_writable(path, flag)
@@ -746,6 +763,8 @@ def _main(argv: Sequence[str] | None) -> int:
         report.save(
             json_path=args.report_json, jsonl_path=args.per_request_jsonl, html_path=args.html
         )
+        if args.telemetry_jsonl is not None:
+            write_samples_jsonl(args.telemetry_jsonl, report.sections["telemetry"]["samples"])
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -408,7 +408,7 @@ _ENGINE_KEYS: KeyTable = {
     "dp_size": ("dp_size", _int(1), 1),
     "tensor_parallel_size": ("tensor_parallel_size", _int(1), 1),
     # Startup delay only matters to a planner that adds workers; a static replay has none.
-    "startup_time": (None, _float(0.0, nullable=True), None),
+    "startup_time": ("startup_time", _float(0.0, nullable=True), None),
     # Accepted and without effect on the simulation, as in the reference.
     "emit_kv_events": (None, _bool, False),
     "emit_kv_token_ids": (None, _bool, False),
@@ -487,7 +487,7 @@ _ENGINE_KEY_MEANINGS = {
     "timing_model": 'pass pricing: {"type": "polynomial"}, "interpolated" (with "path" to an NPZ) or "fixed" (with "prefill_ms", "decode_ms")',
     "dp_size": "data-parallel ranks per worker, each with its own scheduler and KV cache",
     "tensor_parallel_size": "GPUs per DP rank (counts towards GPU-hours)",
-    "startup_time": f"seconds before a new worker serves; {_NO_EFFECT} (no planner)",
+    "startup_time": "seconds a worker a planner adds is starting (paid for, not routable); null: ready at once",
     "emit_kv_events": _NO_EFFECT,
     "emit_kv_token_ids": _NO_EFFECT,
     "num_gpu_blocks_is_explicit": _NO_EFFECT,
@@ -552,6 +552,7 @@ class EngineConfig:
     timing_model: TimingModelConfig = field(default_factory=TimingModelConfig)
     dp_size: int = 1
     tensor_parallel_size: int = 1
+    startup_time: float | None = None
     kv_transfer_bytes_per_token: float | None = None
     kv_transfer_bandwidth: float | None = None
     kv_transfer_timing_mode: str = "full_prompt"

@@ -8,14 +8,14 @@ import math
 import os
 import random
 import time  # only to report the host's wall time beside the simulated results (never the sim clock)
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from servesim.cluster.flows import AggregatedFlow, KvObserver
-from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, Stage
+from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, ScalingPolicy, Stage
 from servesim.config import Backend, EngineConfig, RouterConfig
 from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.kv.host_tier import HostTier
@@ -32,6 +32,7 @@ from servesim.metrics.report import (
 )
 from servesim.metrics.series import PoolShape, build_series
 from servesim.metrics.summary import Cost, Sla, summarize
+from servesim.metrics.telemetry import Telemetry, TrafficWindow
 from servesim.metrics.terminal import render_text
 from servesim.router.affinity import MODES as AFFINITY_MODES
 from servesim.router.affinity import SessionAffinity
@@ -79,7 +80,9 @@ class RunConfig:
     otherwise ``num_workers`` aggregated workers run ``engine``.
     ``exact_passes`` steps every engine pass as its own event instead of
     fast-forwarding decode-only stretches (same results, slower; the oracle
-    fast-forward is tested against).
+    fast-forward is tested against). ``telemetry_interval_ms`` turns on
+    telemetry samples (:mod:`servesim.metrics.telemetry`) into the report's
+    ``telemetry`` section.
     """
 
     trace: str | os.PathLike[str] | None = None
@@ -101,6 +104,7 @@ class RunConfig:
     max_sim_time_ms: float | None = None
     seed: int = 42
     exact_passes: bool = False
+    telemetry_interval_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.trace is not None and not isinstance(self.trace, Path):
@@ -136,6 +140,7 @@ class Report:
     series: dict[str, Any]
     records: list[RequestRecord]
     time_limited: bool
+    sections: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, text: str) -> Report:
@@ -154,11 +159,14 @@ class Report:
             series=document["series"],
             records=[],
             time_limited=bool(document["run"].get("time_limited", False)),
+            sections={k: v for k, v in document.items() if k not in ("summary", "run", "series")},
         )
 
     def document(self) -> dict[str, Any]:
-        """The report file's content: ``summary``, ``run`` and ``series``."""
-        return report_document(self.summary, run=self.run, series=self.series)
+        """The report file's content: ``summary``, ``run``, ``series`` and the other sections."""
+        return report_document(
+            self.summary, run=self.run, series=self.series, sections=self.sections
+        )
 
     def to_json(self) -> str:
         """The report file's text (what ``--report-json`` writes): sorted keys, indent 2."""
@@ -233,12 +241,19 @@ def _sessions(config: RunConfig) -> list[Session]:
     )
 
 
-def run(config: RunConfig, *, progress: Callable[[int, int], None] | None = None) -> Report:
+def run(
+    config: RunConfig,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    scaling: ScalingPolicy | None = None,
+) -> Report:
     """Replay the workload on the configured cluster and summarise what users would see.
 
     ``progress``, when given, is called as ``progress(ended, total)`` each time
     a request ends (completed or rejected), ``total`` being the requests the
-    workload holds.
+    workload holds. ``scaling`` resizes the pools at its ticks (see
+    :class:`~servesim.cluster.runtime.ScalingPolicy`); the report then lists
+    every worker's lifecycle transitions under ``lifecycle_transitions``.
 
     Python's cyclic garbage collector is paused for the replay (and resumed
     as it was found): see :func:`_collector_paused`.
@@ -249,7 +264,7 @@ def run(config: RunConfig, *, progress: Callable[[int, int], None] | None = None
     """
     _validate(config)
     with _collector_paused():
-        return _replay(config, progress)
+        return _replay(config, progress, scaling)
 
 
 @contextmanager
@@ -272,7 +287,11 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _replay(config: RunConfig, progress: Callable[[int, int], None] | None) -> Report:
+def _replay(
+    config: RunConfig,
+    progress: Callable[[int, int], None] | None,
+    scaling: ScalingPolicy | None = None,
+) -> Report:
     sessions = _sessions(config)
     total = sum(len(s.turns) for s in sessions)
     hook = None if progress is None else functools.partial(_report_progress, progress, total)
@@ -293,7 +312,11 @@ def _replay(config: RunConfig, progress: Callable[[int, int], None] | None) -> R
         disk = DiskTier(engine.g3_offload, engine.block_size * engine.kv_cache_bytes_per_token)
     shared_host = _shared_host_tier(config)
     flow, cost_of = _flow(config, ledger, completions, disk, shared_host)
-    runtime = Runtime(flow, admission, ledger, completions)
+    telemetry = None
+    if config.telemetry_interval_ms is not None:
+        ledger.traffic = TrafficWindow()
+        telemetry = Telemetry(config.telemetry_interval_ms, ledger.traffic)
+    runtime = Runtime(flow, admission, ledger, completions, telemetry, scaling)
     started = time.perf_counter()
     outcome = runtime.run(config.max_sim_time_ms)
     wall_ms = (time.perf_counter() - started) * 1000.0
@@ -303,14 +326,29 @@ def _replay(config: RunConfig, progress: Callable[[int, int], None] | None) -> R
         summary["g3_offload"] = disk.summary()
     if shared_host is not None:
         summary["g2_domains"] = [shared_host.occupancy()]
+    sections: dict[str, Any] = {"telemetry": telemetry.section()} if telemetry is not None else {}
+    if scaling is not None:
+        sections["lifecycle_transitions"] = [
+            {
+                "at_ms": t.at_ms,
+                "pool": "agg" if t.stage is Stage.AGGREGATED else t.stage.name.lower(),
+                "worker_id": t.worker_id,
+                "prior_state": None if t.prior is None else t.prior.value,
+                "state": t.state.value,
+            }
+            for t in runtime.transitions()
+        ]
     return Report(
         summary=summary,
         run=describe_run(
             config, sessions=len(sessions), requests=total, time_limited=outcome.time_limited
         ),
-        series=build_series(collector.records, pool_shapes(config)),
+        series=build_series(
+            collector.records, pool_shapes(config, [len(p.workers) for p in flow.pools])
+        ),
         records=collector.records,
         time_limited=outcome.time_limited,
+        sections=sections,
     )
 
 
@@ -395,28 +433,36 @@ def _version() -> str:
     return __version__
 
 
-def pool_shapes(config: RunConfig) -> list[PoolShape]:
-    """Each pool's ranks and their KV capacity, for the report's series."""
+def pool_shapes(config: RunConfig, workers: Sequence[int] | None = None) -> list[PoolShape]:
+    """Each pool's ranks and their KV capacity, for the report's series.
+
+    ``workers``: each pool's workers over the run (a scaled pool adds some), in
+    the order aggregated, or prefill then decode; by default the configured ones.
+    """
     if not config.disaggregated:
         e = config.engine
+        count = config.num_workers if workers is None else workers[0]
         return [
             PoolShape(
                 name="aggregated",
-                num_ranks=config.num_workers * e.dp_size,
+                num_ranks=count * e.dp_size,
                 kv_capacity_tokens=e.total_kv_tokens,
             )
         ]
     p, d = config.prefill_engine, config.decode_engine
     assert p is not None and d is not None
+    prefill, decode = (
+        (config.num_prefill_workers, config.num_decode_workers) if workers is None else workers
+    )
     return [
         PoolShape(
             name="prefill",
-            num_ranks=config.num_prefill_workers * p.dp_size,
+            num_ranks=prefill * p.dp_size,
             kv_capacity_tokens=p.total_kv_tokens,
         ),
         PoolShape(
             name="decode",
-            num_ranks=config.num_decode_workers * d.dp_size,
+            num_ranks=decode * d.dp_size,
             kv_capacity_tokens=d.total_kv_tokens,
         ),
     ]
@@ -442,6 +488,11 @@ def _validate(config: RunConfig) -> None:
         raise ConfigError(f"kv event lag must be finite and non-negative, got {lag}")
     if lag and config.router_mode != "kv_router":
         raise ConfigError("--kv-event-lag-ms only applies to --router-mode kv_router")
+    interval = config.telemetry_interval_ms
+    if interval is not None and not (math.isfinite(interval) and interval > 0):
+        raise ConfigError(
+            f"--telemetry-interval-ms must be a positive finite number of ms, got {interval}"
+        )
     if config.max_sim_time_ms is not None and config.max_sim_time_ms < 0:
         raise ConfigError(f"max sim time must be non-negative, got {config.max_sim_time_ms}")
     if not config.disaggregated:
@@ -550,21 +601,28 @@ def _flow(
     deployment's disk KV tier, under its aggregated workers' host tiers)."""
     fast = not config.exact_passes
     clients = _Clients(shared_host)
+    gauges = config.telemetry_interval_ms is not None
     if not config.disaggregated:
         engine = config.engine
         kv = config.router_mode == "kv_router"
-        workers = [
-            Worker(
+
+        def aggregated(i: int) -> Worker:
+            return Worker(
                 i,
                 engine,
                 fast_forward=fast,
                 kv_events=kv,
                 disk=disk,
+                gauges=gauges,
                 shared_host=clients.of(engine),
             )
-            for i in range(config.num_workers)
-        ]
-        pool = Pool(Stage.AGGREGATED, workers, completions)
+
+        pool = Pool(
+            Stage.AGGREGATED,
+            [aggregated(i) for i in range(config.num_workers)],
+            completions,
+            factory=aggregated,
+        )
         indexer = KvIndexer() if kv else None
         policy: PlacementPolicy = RoundRobinPolicy([engine.dp_size] * config.num_workers)
         if kv:
@@ -601,21 +659,31 @@ def _flow(
     prefill, decode = config.prefill_engine, config.decode_engine
     assert prefill is not None and decode is not None
     kv = config.router_mode == "kv_router"
+
+    def prefill_worker(i: int) -> Worker:
+        return Worker(
+            i,
+            prefill,
+            fast_forward=fast,
+            kv_events=kv,
+            gauges=gauges,
+            shared_host=clients.of(prefill),
+        )
+
+    def decode_worker(i: int) -> Worker:
+        return Worker(i, decode, fast_forward=fast, gauges=gauges, shared_host=clients.of(decode))
+
     prefill_pool = Pool(
         Stage.PREFILL,
-        [
-            Worker(i, prefill, fast_forward=fast, kv_events=kv, shared_host=clients.of(prefill))
-            for i in range(config.num_prefill_workers)
-        ],
+        [prefill_worker(i) for i in range(config.num_prefill_workers)],
         completions,
+        factory=prefill_worker,
     )
     decode_pool = Pool(
         Stage.DECODE,
-        [
-            Worker(i, decode, fast_forward=fast, shared_host=clients.of(decode))
-            for i in range(config.num_decode_workers)
-        ],
+        [decode_worker(i) for i in range(config.num_decode_workers)],
         completions,
+        factory=decode_worker,
     )
     indexer = KvIndexer() if kv else None
     policies: dict[str, PlacementPolicy] = {}

@@ -285,3 +285,21 @@ def test_check_catches_a_stale_hash_index_entry() -> None:
     pool._free.append(block)  # freed by hand, its hash still indexed
     with pytest.raises(AssertionError, match=f"free block {block} still carries a hash"):
         pool.check()
+
+
+def test_computed_runs_on_the_free_list_count_inactive_until_taken() -> None:
+    """A request's own computed blocks (never hashed: nobody else could match them) released
+    while the LRU is empty go to the free list's tail, where the reference keeps them cached:
+    telemetry counts them inactive until an allocation takes them."""
+    pool = BlockPool(8)
+    table: list[int] = []
+    pool.allocate(table, [], 5)  # blocks 0-4, all private
+    pool.release(table, 0, 3)  # 0-2 hold computed KV; 3-4 do not
+    assert (pool.num_free, pool.num_inactive, pool.num_inactive_visible) == (8, 0, 3)
+    fresh: list[int] = []
+    pool.allocate(fresh, [], 4)  # ids 5-7 never handed out, then the free list's head (4)
+    assert fresh == [5, 6, 7, 4] and pool.num_inactive_visible == 3
+    pool.allocate(fresh, [], 2)  # 3, then the run's first block (2, released last first)
+    assert fresh[-2:] == [3, 2] and pool.num_inactive_visible == 2
+    pool.allocate(fresh, [], 2)
+    assert pool.num_inactive_visible == 0 and pool.num_free == 0

@@ -13,7 +13,9 @@ repository runs them alone. Beside each scenario is what the reference
   records reduced to :data:`RECORD_FIELDS`, in arrival order;
 - KV-router scenarios (the reference breaks cost ties at random, unseeded):
   ``<name>.spread.json``, the minimum and maximum of every summary key over
-  many reference runs.
+  many reference runs;
+- scenarios with ``telemetry_options`` (round robin): also
+  ``<name>.telemetry.json``, the reference's whole ``telemetry`` section.
 
 The functions here build servesim's command line for a scenario the way
 ``refcheck.py`` does, reduce per-request records of either simulator to the
@@ -101,6 +103,16 @@ class Scenario:
         return REFERENCE / f"{self.name}.requests.json"
 
     @property
+    def telemetry(self) -> bool:
+        """Whether the scenario samples telemetry (``telemetry_options``)."""
+        return self.spec.get("telemetry_options") is not None
+
+    @property
+    def telemetry_path(self) -> Path:
+        """The reference's ``telemetry`` report section (scenarios with telemetry)."""
+        return REFERENCE / f"{self.name}.telemetry.json"
+
+    @property
     def spread_path(self) -> Path:
         """Minimum and maximum of each summary key over the reference's runs (KV router)."""
         return REFERENCE / f"{self.name}.spread.json"
@@ -177,7 +189,7 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
         "name", "trace", "max_requests", "trace_block_size", "arrival_speedup_ratio",
         "synthetic", "replay_concurrency", "router_mode", "router_config", "num_workers",
         "engine", "num_prefill_workers", "num_decode_workers", "prefill_engine",
-        "decode_engine", "servesim_engine_overrides", "kv_event_lag_ms",
+        "decode_engine", "servesim_engine_overrides", "kv_event_lag_ms", "telemetry_options",
     }  # fmt: skip
     unknown = sorted(set(sc.spec) - known)
     if unknown:
@@ -217,6 +229,9 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
             "--num-workers", str(spec.get("num_workers", 1)),
             "--extra-engine-args", json.dumps(_servesim_engine(spec.get("engine", {}), overrides)),
         ]  # fmt: skip
+    if spec.get("telemetry_options") is not None:
+        interval = spec["telemetry_options"].get("sample_interval_ms", 1000.0)
+        argv += ["--telemetry-interval-ms", str(interval)]
     return [*argv, "--report-json", str(report), "--quiet"]
 
 
@@ -288,6 +303,39 @@ def flatten(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def flatten_all(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A report section with nested objects and lists spelled out as dotted keys
+    (``samples.2.traffic.arriving_requests``); each list's length under ``<key>.#``."""
+    out: dict[str, Any] = {}
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            out.update(flatten_all(item, f"{prefix}{key}."))
+    elif isinstance(value, list):
+        out[f"{prefix}#"] = len(value)
+        for index, item in enumerate(value):
+            out.update(flatten_all(item, f"{prefix}{index}."))
+    else:
+        out[prefix.removesuffix(".")] = value
+    return out
+
+
+def compare_section(scenario: str, reference: Any, ours: Any) -> list[str]:
+    """Every value of a report section (``telemetry``) under the deterministic rule,
+    list lengths included; a value one side lacks is a disagreement."""
+    reference, ours = flatten_all(reference), flatten_all(ours)
+    failures = [
+        describe(scenario, key, reference[key], ours[key])
+        for key in sorted(reference)
+        if key in ours and not values_agree(reference[key], ours[key])
+    ]
+    failures += [
+        f"{scenario}: {key}: reference {reference.get(key, '(none)')!r}, "
+        f"servesim {ours.get(key, '(none)')!r}"
+        for key in sorted(set(reference) ^ set(ours))
+    ]
+    return failures
 
 
 def compared_keys(reference: Mapping[str, Any]) -> list[str]:

@@ -11,8 +11,9 @@ scenario copy with its paths pointing into ``tests/data/``, so the reference
 reads exactly the bytes the tests give servesim. Then:
 
 - round-robin scenarios: it runs the reference twice, checks the two runs
-  agree (summary but for host-speed keys, and reduced per-request records),
-  and writes ``<name>.summary.json`` and ``<name>.requests.json``;
+  agree (summary but for host-speed keys, reduced per-request records and
+  the telemetry section), and writes ``<name>.summary.json`` and
+  ``<name>.requests.json`` (and ``<name>.telemetry.json`` with telemetry);
 - KV-router scenarios: it runs the reference ``--runs`` times (its tie-breaks
   are random and unseeded) and writes ``<name>.spread.json``: the minimum
   and maximum of every numeric summary key over the runs, and each
@@ -51,8 +52,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_reference(
     sc: Scenario, python: Path, refcheck: Path, workdir: Path, *, requests: bool
-) -> tuple[Json, list[Json]]:
-    """One reference run: its summary and (with ``requests``) its per-request records."""
+) -> tuple[Json, list[Json], Json | None]:
+    """One reference run: its summary, (with ``requests``) its per-request records, and its
+    telemetry section (None without telemetry)."""
     scenario = workdir / f"{sc.name}.json"
     scenario.write_text(json.dumps(with_absolute_paths(sc.spec)))
     out, records = workdir / "summary.json", workdir / "requests.jsonl"
@@ -61,9 +63,9 @@ def run_reference(
         argv += ["--requests", str(records)]
     env = {**os.environ, "RUST_LOG": "error", "DYN_LOG": "error"}
     subprocess.run(argv, check=True, env=env, cwd=workdir)
-    summary: Json = json.loads(out.read_text())["summary"]
+    report = json.loads(out.read_text())
     rows = [json.loads(line) for line in records.read_text().splitlines()] if requests else []
-    return summary, rows
+    return report["summary"], rows, report.get("telemetry")
 
 
 def check_identities(sc: Scenario, records: list[Json]) -> None:
@@ -102,17 +104,23 @@ def same_summary(a: Json, b: Json) -> bool:
 
 def regenerate_deterministic(sc: Scenario, python: Path, refcheck: Path) -> None:
     """Store the summary and reduced records of a round-robin scenario, after checking two runs agree."""
-    outputs: list[tuple[Json, list[Row]]] = []
+    outputs: list[tuple[Json, list[Row], Json | None]] = []
     for _ in range(2):
         with tempfile.TemporaryDirectory() as tmp:
-            summary, records = run_reference(sc, python, refcheck, Path(tmp), requests=True)
+            summary, records, telemetry = run_reference(
+                sc, python, refcheck, Path(tmp), requests=True
+            )
         check_identities(sc, records)
-        outputs.append((summary, reduce_records(records)))
-    (s1, r1), (s2, r2) = outputs
-    if not same_summary(s1, s2) or r1 != r2:
+        outputs.append((summary, reduce_records(records), telemetry))
+    (s1, r1, t1), (s2, r2, t2) = outputs
+    if not same_summary(s1, s2) or r1 != r2 or t1 != t2:
         raise SystemExit(f"{sc.name}: two reference runs differ; it is not deterministic")
     sc.summary_path.write_text(json.dumps({"summary": s1}, indent=1, sort_keys=True) + "\n")
     write_records(sc.requests_path, r1)
+    if sc.telemetry:
+        if t1 is None:
+            raise SystemExit(f"{sc.name}: the reference wrote no telemetry section")
+        sc.telemetry_path.write_text(json.dumps(t1, indent=1, sort_keys=True) + "\n")
     print(f"{sc.name}: summary ({len(s1)} keys) and {len(r1)} records", flush=True)
 
 
@@ -136,7 +144,7 @@ def regenerate_spread(sc: Scenario, python: Path, refcheck: Path, runs: int) -> 
     summaries = []
     for i in range(runs):
         with tempfile.TemporaryDirectory() as tmp:
-            summary, _ = run_reference(sc, python, refcheck, Path(tmp), requests=False)
+            summary, _, _ = run_reference(sc, python, refcheck, Path(tmp), requests=False)
         summaries.append(summary)
         print(f"{sc.name}: run {i + 1}/{runs}", flush=True)
     spread = spread_of(sc, summaries)

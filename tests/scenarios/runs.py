@@ -18,11 +18,13 @@ from tests.scenarios.harness import Json, load_scenario, servesim_argv
 
 @dataclass(frozen=True)
 class ServesimRun:
-    """What servesim reported for a scenario: its summary and per-request records (parsed and as written)."""
+    """What servesim reported for a scenario: its summary, per-request records (parsed and as
+    written) and the report's other sections (``telemetry``)."""
 
     summary: Json
     records: list[Json]
     records_jsonl: bytes
+    sections: Json
 
 
 class ServesimRuns:
@@ -52,5 +54,7 @@ class ServesimRuns:
             assert main(argv) == 0, f"servesim failed on {name}: {argv}"
             raw = jsonl.read_bytes()
             records = [json.loads(line) for line in raw.splitlines()]
-            self._done[key] = ServesimRun(json.loads(report.read_text())["summary"], records, raw)
+            sections = json.loads(report.read_text())
+            summary = sections.pop("summary")
+            self._done[key] = ServesimRun(summary, records, raw, sections)
         return self._done[key]

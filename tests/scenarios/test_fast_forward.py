@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.scenarios.harness import load_scenarios
+from tests.scenarios.harness import flatten_all, load_scenarios
 from tests.scenarios.runs import ServesimRuns
 
 
@@ -37,3 +37,11 @@ def test_fast_forward_matches_exact_passes(name: str, servesim_runs: ServesimRun
     assert len(fast) == len(exact) > 0
     for f, e in zip(fast, exact, strict=True):
         assert_same(f, e)
+
+
+@pytest.mark.parametrize("name", [sc.name for sc in load_scenarios() if sc.telemetry])
+def test_fast_forward_samples_what_stepping_samples(name: str, servesim_runs: ServesimRuns) -> None:
+    """Telemetry samples agree in both modes: windows split at sample times show the stepped state."""
+    fast = flatten_all(servesim_runs.get(name).sections["telemetry"])
+    exact = flatten_all(servesim_runs.get(name, exact_passes=True).sections["telemetry"])
+    assert_same(fast, exact)

@@ -14,7 +14,9 @@ what the reference produced (see ``harness.py`` for the stored files and
   token time, reused input tokens, prefill and decode worker, status), the
   requests matched in arrival order;
 - KV-router scenarios: the reference breaks cost ties at random, so every
-  summary value must lie within the range of its stored runs.
+  summary value must lie within the range of its stored runs;
+- scenarios with telemetry: every value of every sample agrees under the
+  deterministic rule, and so does the number of samples.
 
 Disagreements that are known today (the engine is being fixed) are listed in
 the ``KNOWN_*`` dicts below with what exactly differs; each marks its case
@@ -35,6 +37,7 @@ from tests.scenarios.harness import (
     HOST_SPEED_KEYS,
     Json,
     compare_records,
+    compare_section,
     compare_spread,
     compare_summary,
     load_scenario,
@@ -47,6 +50,7 @@ from tests.scenarios.runs import ServesimRuns
 
 ALL = [sc.name for sc in load_scenarios()]
 DETERMINISTIC = [sc.name for sc in load_scenarios() if not sc.kv_router]
+TELEMETRY = [sc.name for sc in load_scenarios() if sc.telemetry and not sc.kv_router]
 
 # Known disagreements with the reference, as of commit 303bde3 (servesim at
 # HEAD when these were last checked). Each entry marks its case
@@ -127,6 +131,14 @@ def test_requests_match_reference(name: str, servesim_runs: ServesimRuns) -> Non
     reference = read_records(sc.requests_path)
     diff = compare_records(name, reference, reduce_records(servesim_runs.get(name).records))
     check([diff.describe(name, len(reference))] if diff.differing_records else [])
+
+
+@pytest.mark.parametrize("name", TELEMETRY)
+def test_telemetry_matches_reference(name: str, servesim_runs: ServesimRuns) -> None:
+    """Every telemetry sample, value by value: gauges, counters and counts exactly, times and means to 1e-6."""
+    sc = load_scenario(name)
+    reference = json.loads(sc.telemetry_path.read_text())
+    check(compare_section(name, reference, servesim_runs.get(name).sections.get("telemetry")))
 
 
 def test_two_runs_are_byte_identical_but_for_wall_time(

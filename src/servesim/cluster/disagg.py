@@ -213,6 +213,20 @@ class DisaggregatedFlow:
         fixed = self._fixed[0][0] if self._fixed else math.inf
         return min(fixed, self._links.next_completion_ms()) if self._links is not None else fixed
 
+    def router_pending(self) -> tuple[int, int]:
+        """See :class:`~servesim.cluster.runtime.Flow`."""
+        return self._prefill_policy.pending, self._decode_policy.pending
+
+    def set_routable(self, pool: Pool, now: float) -> None:
+        """See :class:`~servesim.cluster.runtime.Flow`."""
+        if pool is self._prefill:
+            if self._observer is not None:
+                self._observer.catch_up(now)
+            self._dispatch_prefill(self._prefill_policy.set_routable(pool.routable(), now), now)
+        else:
+            released = self._decode_policy.set_routable(pool.routable(), now)
+            assert not released, "destinations are placed when reserved, never queued"
+
     # ----- pass outputs -----
 
     def _prefill_ended(self, outputs: PassOutputs, now: float) -> None:
@@ -307,6 +321,8 @@ class DisaggregatedFlow:
             if self._observer is not None:
                 record.selected_overlap_blocks = routed.overlap_blocks
                 record.best_available_overlap_blocks = routed.best_overlap_blocks
+                if self._ledger.traffic is not None:
+                    self._ledger.traffic.on_routed(routed.overlap_blocks, handoff.route.blocks)
             # The prefill side computes the prompt and one hidden token; the decode side emits them all.
             request = EngineRequest(
                 routed.uid,
@@ -355,9 +371,11 @@ class DisaggregatedFlow:
         destination = self._destination(handoff)
         if self._decode.settle_worker(worker, now):
             destination.enqueue(handoff.decode_request)
+            self._decode.commanded(worker)
             self._outcome(uid, action, Outcome.ACCEPTED)
             return
         granted = destination.reserve(handoff.decode_request)
+        self._decode.commanded(worker)
         self._outcome(uid, action, Outcome.ACCEPTED)
         self._grant(granted, now)
 
@@ -399,6 +417,7 @@ class DisaggregatedFlow:
             return
         destination = self._destination(handoff)
         destination.activate(handoff.decode_request)
+        self._decode.commanded(worker)
         self._decode.wake(worker)
         handoff.record.destination_activated_ms = now
         self._outcome(handoff.record.uid, action, Outcome.APPLIED)
@@ -412,6 +431,7 @@ class DisaggregatedFlow:
         if self._deferred_past_pass(self._prefill, worker, handoff.record.uid, action, now):
             return
         released = self._source(handoff).release(handoff.record.uid)
+        self._prefill.commanded(worker)
         self._observe(self._prefill.workers[worker], now)
         if released:
             self._prefill.wake(worker)
@@ -428,6 +448,7 @@ class DisaggregatedFlow:
             return
         destination = self._destination(handoff)
         cancelled = destination.cancel(handoff.decode_request)
+        self._decode.commanded(worker)
         self._outcome(handoff.record.uid, action, Outcome.APPLIED if cancelled else Outcome.NOOP)
         if cancelled:
             self._grant(destination.retry(), now)

@@ -201,6 +201,16 @@ class AggregatedFlow:
         """See :class:`~servesim.cluster.runtime.Flow`: no timers of its own."""
         return math.inf
 
+    def router_pending(self) -> tuple[int, int]:
+        """See :class:`~servesim.cluster.runtime.Flow`: its one router counts as decode."""
+        return 0, self._policy.pending
+
+    def set_routable(self, pool: Pool, now: float) -> None:
+        """See :class:`~servesim.cluster.runtime.Flow`: queued requests may go to new workers."""
+        if self._observer is not None:
+            self._observer.catch_up(now)
+        self._dispatch(self._policy.set_routable(pool.routable(), now), now)
+
     def _dispatch(self, placed: list[Routed], now: float) -> None:
         collector = self._ledger.collector
         for routed in placed:
@@ -212,6 +222,8 @@ class AggregatedFlow:
             if self._observer is not None:
                 record.selected_overlap_blocks = routed.overlap_blocks
                 record.best_available_overlap_blocks = routed.best_overlap_blocks
+                if self._ledger.traffic is not None:
+                    self._ledger.traffic.on_routed(routed.overlap_blocks, route.blocks)
             request = EngineRequest(
                 routed.uid, spec.prompt, spec.output_length, shared_blocks=spec.shared_blocks
             )

@@ -14,6 +14,13 @@ becomes possible at that instant, in a fixed order, until nothing changes:
 then jumps to the next timestamp: the earliest pass end, arrival, flow
 deadline or idle worker's own deadline. A pass is decided at its start; its outputs become visible at its end.
 
+With telemetry (:mod:`servesim.metrics.telemetry`), a sample due at a
+timestamp is taken once it has settled; one due between timestamps is taken
+there without settling anything. Before either, fast-forward windows are
+split at the sample time (:meth:`Worker.split_at`) so that the pass ends
+before it happen, as stepping would have them. Cost is priced only at the
+timestamps the run has without telemetry, so sampling changes no output.
+
 What happens to a request between arrival and its end is the *flow*'s
 business (:mod:`servesim.cluster.flows`); the runtime owns the clock, the
 pools' pass lifecycle and the ledger of requests in flight.
@@ -25,13 +32,14 @@ import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import Protocol
 
 from servesim.engine.request import EngineRequest
 from servesim.engine.worker import PassOutputs, Worker
 from servesim.errors import SimulationError
 from servesim.metrics.collector import Collector, RequestRecord, Terminal
+from servesim.metrics.telemetry import PoolView, Telemetry, TrafficWindow
 from servesim.workload.admission import AdmissionQueue, Released
 
 ProgressHook = Callable[[int], None]
@@ -45,27 +53,149 @@ class Stage(IntEnum):
     DECODE = 2
 
 
+class WorkerState(Enum):
+    """Where a worker is in its lifecycle (a planner moves it; a fixed fleet stays active).
+
+    ::
+
+        (up) -> STARTING --startup_time--> ACTIVE --(down)--> DRAINING --drained--> REMOVED
+                    |                                                          ^
+                    +------------------(down, before ready)--------------------+
+
+    Starting, active and draining workers are paid for; only active ones are routable.
+    """
+
+    STARTING = "starting"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    REMOVED = "removed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transition:
+    """One lifecycle change, as the report lists it."""
+
+    at_ms: float
+    stage: Stage
+    worker_id: int
+    prior: WorkerState | None
+    state: WorkerState
+
+
+WorkerFactory = Callable[[int], Worker]
+"""Builds the worker with a given id (a planner adds workers with new ids)."""
+
+
 class Pool:
-    """The workers of one stage, and which of them may start a pass.
+    """The workers of one stage, their lifecycle, and which of them may start a pass.
 
     Pass ends go on the runtime's heap as ``(end, stage, worker id)``; an entry
     whose worker is no longer busy until that end (its window was cut short)
-    is stale and skipped.
+    is stale and skipped. Worker ids are list indices and never reused: a
+    removed worker stays in ``workers``, idle, in state REMOVED.
     """
 
     def __init__(
-        self, stage: Stage, workers: list[Worker], completions: list[tuple[float, int, int]]
+        self,
+        stage: Stage,
+        workers: list[Worker],
+        completions: list[tuple[float, int, int]],
+        *,
+        factory: WorkerFactory | None = None,
     ) -> None:
         self.stage = stage
         self.workers = workers
+        self.states = [WorkerState.ACTIVE] * len(workers)
         self._completions = completions
+        self._factory = factory
         # Workers whose state changed since they last tried to start a pass (a
         # submit or a pass end): only they can start one, so the settle loop
         # never scans idle workers.
         self.wakeable: set[int] = set()
+        # Starting, active and draining workers (what cost integrates).
+        self.provisioned = len(workers)
+        self.transitions: list[Transition] = []
+        self._draining: set[int] = set()
+
+    # ----- lifecycle -----
+
+    def ids(self, state: WorkerState) -> list[int]:
+        """The ids of the workers in ``state``, ascending."""
+        return [i for i, st in enumerate(self.states) if st is state]
+
+    def routable(self) -> list[tuple[int, int]]:
+        """The active workers as (id, dp size), for the pool's router."""
+        return [(i, self.workers[i].config.dp_size) for i in self.ids(WorkerState.ACTIVE)]
+
+    def scale_to(self, target: int, now: float, startup_ms: float) -> list[int]:
+        """Bring starting plus active workers to ``target``.
+
+        Up: new workers with new ids, starting (ready ``startup_ms`` later) or,
+        without a startup time, active at once. Down: starting workers are
+        cancelled first, highest id first, then the highest-id active workers
+        drain (no new placements; removed once drained).
+
+        Returns:
+            The ids of the workers that started (the caller arms their readiness).
+        """
+        starting = self.ids(WorkerState.STARTING)
+        active = self.ids(WorkerState.ACTIVE)
+        effective = len(starting) + len(active)
+        started: list[int] = []
+        if target > effective:
+            assert self._factory is not None, "a pool that scales up has a worker factory"
+            for _ in range(target - effective):
+                worker_id = len(self.workers)
+                self.workers.append(self._factory(worker_id))
+                self.states.append(WorkerState.REMOVED)  # set just below
+                state = WorkerState.STARTING if startup_ms > 0 else WorkerState.ACTIVE
+                self._move(worker_id, state, now, new=True)
+                self.provisioned += 1
+                if state is WorkerState.STARTING:
+                    started.append(worker_id)
+        excess = effective - target
+        for worker_id in reversed(starting):
+            if excess <= 0:
+                break
+            self._move(worker_id, WorkerState.REMOVED, now)
+            self.provisioned -= 1
+            excess -= 1
+        for worker_id in reversed(active):
+            if excess <= 0:
+                break
+            self._move(worker_id, WorkerState.DRAINING, now)
+            self._draining.add(worker_id)
+            excess -= 1
+        return started
+
+    def ready(self, worker_id: int, now: float) -> bool:
+        """A startup finished: the worker becomes active (False: it was cancelled meanwhile)."""
+        if self.states[worker_id] is not WorkerState.STARTING:
+            return False
+        self._move(worker_id, WorkerState.ACTIVE, now)
+        return True
+
+    def remove_drained(self, now: float) -> bool:
+        """Remove the draining workers that have nothing left to do; whether any was."""
+        done = [i for i in sorted(self._draining) if self.workers[i].drained()]
+        for worker_id in done:
+            self._draining.discard(worker_id)
+            self._move(worker_id, WorkerState.REMOVED, now)
+            self.provisioned -= 1
+        return bool(done)
+
+    def _move(self, worker_id: int, state: WorkerState, now: float, *, new: bool = False) -> None:
+        before = None if new else self.states[worker_id]
+        self.states[worker_id] = state
+        self.transitions.append(
+            Transition(at_ms=now, stage=self.stage, worker_id=worker_id, prior=before, state=state)
+        )
 
     def submit(self, worker_id: int, rank: int, request: EngineRequest, now: float) -> None:
-        """Queue a request on a worker's rank."""
+        """Queue a request on a worker's rank (an active one: nothing is placed elsewhere)."""
+        assert self.states[worker_id] is WorkerState.ACTIVE, (
+            f"{self.stage.name.lower()} worker {worker_id} is {self.states[worker_id].value}"
+        )
         self._rescheduled(worker_id, self.workers[worker_id].submit(rank, request, now))
         self.wakeable.add(worker_id)
 
@@ -80,6 +210,12 @@ class Pool:
         self._rescheduled(worker_id, worker.cut(now))
         return worker.busy
 
+    def commanded(self, worker_id: int) -> None:
+        """A handoff command changed an idle worker's state: it publishes its gauges (telemetry on)."""
+        worker = self.workers[worker_id]
+        if worker.published is not None:
+            worker.publish()
+
     def wake(self, worker_id: int) -> None:
         """Something changed a worker's state: let it try to start a pass at the next opportunity."""
         self.workers[worker_id].stalled = False
@@ -88,6 +224,21 @@ class Pool:
     def schedule_end(self, worker_id: int, end: float) -> None:
         """Put a worker's pass end on the heap."""
         heapq.heappush(self._completions, (end, self.stage, worker_id))
+
+    def split_at(self, worker_id: int, at: float) -> float | None:
+        """Split a worker's window at a sample time (see :meth:`Worker.split_at`); its new end."""
+        end = self.workers[worker_id].split_at(at)
+        self._rescheduled(worker_id, end)
+        return end
+
+    def view(self) -> PoolView:
+        """The pool as a telemetry sample sees it."""
+        workers = self.workers
+        return PoolView(
+            active=[workers[i] for i in self.ids(WorkerState.ACTIVE)],
+            starting=self.ids(WorkerState.STARTING),
+            draining=[workers[i] for i in self.ids(WorkerState.DRAINING)],
+        )
 
     def _rescheduled(self, worker_id: int, end: float | None) -> None:
         if end is not None:
@@ -103,6 +254,8 @@ class Ledger:
         self.collector = collector
         self._admission = admission
         self._progress = progress
+        # With telemetry: the traffic of the current sample interval.
+        self.traffic: TrafficWindow | None = None
         self._records: dict[int, RequestRecord] = {}
         self._released: dict[int, Released] = {}
         self._ended = 0
@@ -141,6 +294,8 @@ class Ledger:
         """The request completed or was rejected at ``now``; its session may go on."""
         record = self._records.pop(uid)
         self.collector.on_terminal(record, now, terminal)
+        if self.traffic is not None and terminal is Terminal.COMPLETED:
+            self.traffic.on_completed(record)
         self._admission.on_finished(self._released.pop(uid), now)
         self._ended += 1
         if self._progress is not None:
@@ -183,6 +338,43 @@ class Flow(Protocol):
         """When the flow next has work of its own (``math.inf`` if none)."""
         ...
 
+    def router_pending(self) -> tuple[int, int]:
+        """Requests pending in the (prefill, decode) routers' queues (aggregated: decode)."""
+        ...
+
+    def set_routable(self, pool: Pool, now: float) -> None:
+        """A pool's active workers changed: its router routes to them from now on."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScalingSnapshot:
+    """What a scaling policy sees at a tick: the settled pools (read, never changed)."""
+
+    ordinal: int
+    now_ms: float
+    pools: dict[Stage, Pool]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScaleDecision:
+    """A tick's decision: target worker counts (starting plus active) by stage, next tick."""
+
+    targets: dict[Stage, int]
+    next_tick_ms: float
+
+
+class ScalingPolicy(Protocol):
+    """Decides pool sizes at ticks (the planner; a scripted schedule in tests)."""
+
+    def initial_tick_ms(self) -> float:
+        """When the first tick is due (``math.inf``: never)."""
+        ...
+
+    def on_tick(self, snapshot: ScalingSnapshot) -> ScaleDecision:
+        """The decision at a tick, taken after the instant settled and telemetry sampled it."""
+        ...
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunOutcome:
@@ -202,11 +394,25 @@ class Runtime:
         admission: AdmissionQueue,
         ledger: Ledger,
         completions: list[tuple[float, int, int]],
+        telemetry: Telemetry | None = None,
+        scaling: ScalingPolicy | None = None,
     ) -> None:
         self.flow = flow
+        self.scaling = scaling
         self.admission = admission
         self.ledger = ledger
+        self.telemetry = telemetry
         self.now = 0.0
+        # The last timestamp cost was priced at (telemetry-only instants are not priced).
+        self._priced_ms = 0.0
+        # Pass ends that exist only because a window was split at a sample time.
+        self._split_ends: set[tuple[float, int, int]] = set()
+        # Scaling: the next tick, ticks so far, startups finishing (time, stage, worker
+        # id), and whether any pool changed (then draining workers are watched).
+        self._tick_at = math.inf
+        self._ticks = 0
+        self._readies: list[tuple[float, int, int]] = []
+        self._scaled = False
         self._completions = completions
         self._pools = {pool.stage: pool for pool in flow.pools}
         self._worker_seconds = dict.fromkeys(self._pools, 0.0)
@@ -228,20 +434,27 @@ class Runtime:
     def run(self, max_sim_time_ms: float | None = None) -> RunOutcome:
         """Run until every request has ended (or the next timestamp passes the cap)."""
         self._settle()
+        telemetry = self.telemetry
+        if telemetry is not None:
+            telemetry.baseline(self.now, *self._observed())
+        if self.scaling is not None:
+            first = self.scaling.initial_tick_ms()
+            self._tick_at = max(first, self.now) if math.isfinite(first) else math.inf
+            self._run_ticks()
+        cap = math.inf if max_sim_time_ms is None else max_sim_time_ms
         while True:
-            upcoming = min(
-                self.admission.next_ready_ms(self.now),
-                self._completions[0][0] if self._completions else math.inf,
-                self._deadlines[0][0] if self._deadlines else math.inf,
-                self.flow.next_deadline(),
-            )
+            upcoming = self._upcoming()
+            if telemetry is not None and telemetry.next_ms <= min(upcoming, cap) < math.inf:
+                self._sample_due(telemetry, upcoming)
+                continue
             if upcoming == math.inf:
                 break
-            if max_sim_time_ms is not None and upcoming > max_sim_time_ms:
-                self._deliver_windows_up_to(max_sim_time_ms)
+            if upcoming > cap:
+                self._deliver_windows_up_to(cap)
                 return self._outcome(time_limited=True)
             self._advance(upcoming)
             self._settle()
+            self._run_ticks()
         if self.ledger.in_flight or not self.admission.drained():
             raise SimulationError(
                 f"simulation reached a dead end at {self.now:.3f} ms with {self.ledger.in_flight} "
@@ -249,14 +462,140 @@ class Runtime:
             )
         return self._outcome(time_limited=False)
 
+    def _upcoming(self) -> float:
+        """The next timestamp: the earliest arrival, pass end or deadline (and, while the
+        workload is not done, scaling tick or startup finishing)."""
+        upcoming = min(
+            self.admission.next_ready_ms(self.now),
+            self._completions[0][0] if self._completions else math.inf,
+            self._deadlines[0][0] if self._deadlines else math.inf,
+            self.flow.next_deadline(),
+        )
+        if self.scaling is not None and not self._workload_done():
+            upcoming = min(
+                upcoming, self._tick_at, self._readies[0][0] if self._readies else math.inf
+            )
+        return upcoming
+
+    def _workload_done(self) -> bool:
+        return not self.ledger.in_flight and self.admission.drained()
+
     def _advance(self, upcoming: float) -> None:
-        # Cost integrates the provisioned workers over each clock advance, step by step.
-        dt = (upcoming - self.now) / 1000.0
+        # Cost integrates the provisioned workers over each clock advance, step by step,
+        # at the timestamps a run without telemetry has (so sampling leaves it unchanged).
+        if self._split_ends and not self._natural(upcoming):
+            self.now = upcoming
+            return
+        dt = (upcoming - self._priced_ms) / 1000.0
         for stage, pool in self._pools.items():
-            self._worker_seconds[stage] += dt * len(pool.workers)
-        self.now = upcoming
+            self._worker_seconds[stage] += dt * pool.provisioned
+        self.now = self._priced_ms = upcoming
+
+    def _natural(self, at: float) -> bool:
+        """Whether the timestamp ``at`` exists without telemetry (not only a split window's end)."""
+        split = self._split_ends
+        natural = any(entry[0] == at and entry not in split for entry in self._completions)
+        split.difference_update([entry for entry in split if entry[0] <= at])
+        return (
+            natural
+            or self._tick_at == at
+            or (bool(self._readies) and self._readies[0][0] == at)
+            or self.admission.next_ready_ms(self.now) == at
+            or (bool(self._deadlines) and self._deadlines[0][0] == at)
+            or self.flow.next_deadline() == at
+        )
+
+    # ----- telemetry -----
+
+    def _sample_due(self, telemetry: Telemetry, upcoming: float) -> None:
+        """Take the sample due at ``telemetry.next_ms`` (at most ``upcoming``)."""
+        due = telemetry.next_ms
+        if self._split_windows(due):
+            return  # a window now ends by the sample: the loop settles its end first
+        if due == upcoming:
+            self._advance(due)
+            self._settle()
+            telemetry.periodic(due, *self._observed())
+            self._run_ticks()  # the planner decides after the sample
+        else:
+            self.now = due  # between timestamps: observe only
+            telemetry.periodic(due, *self._observed())
+
+    def _split_windows(self, at: float) -> bool:
+        split = False
+        for pool in self.flow.pools:
+            for worker in pool.workers:
+                end = pool.split_at(worker.worker_id, at) if worker.busy else None
+                if end is not None:
+                    self._split_ends.add((end, pool.stage, worker.worker_id))
+                    split = True
+        return split
+
+    # ----- scaling -----
+
+    def _run_ticks(self) -> None:
+        """Scaling ticks due now, each once the instant settled (the decision comes last)."""
+        while self._tick_at == self.now:
+            if self._workload_done():
+                self._tick_at = math.inf  # ticks stop with the workload
+                return
+            self._tick()
+            self._settle()
+
+    def _tick(self) -> None:
+        assert self.scaling is not None
+        decision = self.scaling.on_tick(
+            ScalingSnapshot(ordinal=self._ticks, now_ms=self.now, pools=dict(self._pools))
+        )
+        self._ticks += 1
+        for stage, target in sorted(decision.targets.items()):
+            self._scale(self._pools[stage], target)
+        after = decision.next_tick_ms
+        self._tick_at = after if math.isfinite(after) and after > self.now else math.inf
+
+    def _scale(self, pool: Pool, target: int) -> None:
+        startup_s = pool.workers[0].config.startup_time or 0.0
+        startup_ms = startup_s * 1000.0
+        for worker_id in pool.scale_to(target, self.now, startup_ms):
+            heapq.heappush(self._readies, (self.now + startup_ms, pool.stage, worker_id))
+        self._scaled = True
+        self.flow.set_routable(pool, self.now)
+
+    def _apply_readies(self, now: float) -> bool:
+        readies, changed = self._readies, False
+        while readies and readies[0][0] == now:
+            _, stage, worker_id = heapq.heappop(readies)
+            pool = self._pools[Stage(stage)]
+            if pool.ready(worker_id, now):  # a cancelled startup's readiness is stale
+                self.flow.set_routable(pool, now)
+                pool.wake(worker_id)
+                changed = True
+        return changed
+
+    def _remove_drained(self, now: float) -> bool:
+        changed = False
+        for pool in self.flow.pools:
+            if pool.remove_drained(now):
+                self.flow.set_routable(pool, now)
+                changed = True
+        return changed
+
+    def transitions(self) -> list[Transition]:
+        """Every pool's lifecycle changes, in time order (stable: prefill before decode)."""
+        return sorted(
+            (t for pool in self.flow.pools for t in pool.transitions), key=lambda t: t.at_ms
+        )
+
+    def _observed(self) -> tuple[dict[str, PoolView], tuple[int, int]]:
+        views = {
+            "prefill" if pool.stage is Stage.PREFILL else "decode": pool.view()
+            for pool in self.flow.pools
+        }
+        return views, self.flow.router_pending()
 
     def _outcome(self, *, time_limited: bool) -> RunOutcome:
+        if self.telemetry is not None:
+            self.telemetry.final(self.now, *self._observed())
         self.ledger.collector.committed_prefill_tokens = sum(
             rank.committed_prefill_tokens
             for pool in self._pools.values()
@@ -280,11 +619,15 @@ class Runtime:
             )
             if self._deadlines and self._deadlines[0][0] == now:
                 changed |= self._apply_own_work(now)
+            if self._readies and self._readies[0][0] == now:
+                changed |= self._apply_readies(now)
             changed |= self.flow.settle(now)
             if admission.next_ready_ms(now) <= now:
                 changed |= self._release_arrivals(now)
             if any(pool.wakeable for pool in pools):
                 changed |= self._start_passes(now)
+            if self._scaled:
+                changed |= self._remove_drained(now)
             if not changed:
                 if self._shared_own_work:
                     for pool in pools:
@@ -339,6 +682,8 @@ class Runtime:
     def _release_arrivals(self, now: float) -> bool:
         released = self.admission.release(now)
         collector = self.ledger.collector
+        if self.ledger.traffic is not None:
+            self.ledger.traffic.arrivals += len(released)
         for item in released:
             spec = item.spec
             record = collector.on_arrival(

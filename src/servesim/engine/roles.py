@@ -93,6 +93,10 @@ class RankRole:
         """Try a queued reservation once (only a destination has any)."""
         return None
 
+    def holds_work(self) -> bool:
+        """Whether the rank still owes a handoff something (held KV, a reservation)."""
+        return False
+
 
 class SourceRole(RankRole):
     """A prefill rank: keeps a finished prompt's KV until the transfer is done."""
@@ -105,6 +109,9 @@ class SourceRole(RankRole):
 
     def finished(self, request: EngineRequest) -> None:
         self.held[request.uid] = request
+
+    def holds_work(self) -> bool:
+        return bool(self.held)
 
     def release(self, uid: int) -> bool:
         """Free the KV held for a request's transfer; False if nothing was held."""
@@ -143,6 +150,9 @@ class DestinationRole(RankRole):
 
     def capacity_changed(self) -> None:
         self._generation += 1
+
+    def holds_work(self) -> bool:
+        return bool(self.pending or self.in_transfer)
 
     def reservation_due(self) -> bool:
         return (

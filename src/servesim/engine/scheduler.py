@@ -20,6 +20,28 @@ from servesim.engine.roles import RankRole
 from servesim.engine.timing import TimingModel
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankGauges:
+    """A rank's scheduler gauges, as telemetry samples them.
+
+    Attributes:
+        active_blocks: KV blocks held by at least one request.
+        inactive_blocks: cached blocks nobody holds (evictable).
+        total_blocks: the rank's KV blocks.
+        running: requests in the running batch.
+        waiting: requests queued for admission (preempted ones included).
+        preemptions: preemptions since the run began (an SGLang retraction is none:
+            the reference's telemetry does not count it).
+    """
+
+    active_blocks: int
+    inactive_blocks: int
+    total_blocks: int
+    running: int
+    waiting: int
+    preemptions: int
+
+
 @dataclass(slots=True, kw_only=True)
 class PassResult:
     """What one rank's pass did; its outputs become visible at ``end_ms``.
@@ -38,6 +60,16 @@ class PassResult:
         seconds: the members among them for which it was their second token on this rank.
         bursts: whether ``emitted`` may list a request more than once (a
             speculative burst of tokens, all stamped at ``end_ms``).
+        drafted: (decode request-forwards, tokens their steps accepted), when
+            the rank counts them (None: the worker derives them from
+            ``emitted``). A pass that computes a request's prompt (its first,
+            or a recompute after a preemption) is no decode forward for it;
+            a speculative step's accepted length counts in full even when
+            the output ends sooner (as the reference's telemetry counts it).
+        cache_tokens: (prefix-cache hit tokens, prompt tokens) of the pass's
+            prefill chunks, as the reference's SGLang engine counts them for
+            telemetry (a chunk counts its tokens, a request's first chunk its
+            cached prefix too); the vLLM engine reports none.
     """
 
     end_ms: float
@@ -50,6 +82,8 @@ class PassResult:
     cohorts: list[tuple[float, int]] = field(default_factory=list)
     seconds: list[EngineRequest] = field(default_factory=list)
     bursts: bool = False
+    drafted: tuple[int, int] | None = None
+    cache_tokens: tuple[int, int] = (0, 0)
 
 
 CatchUp = tuple[EngineRequest, int, float]
@@ -125,6 +159,10 @@ class RankScheduler(Protocol):
 
     def take_catch_ups(self) -> list[CatchUp]:
         """Requests that left fast-forwarded decoding since the last call."""
+        ...
+
+    def gauges(self) -> RankGauges:
+        """The rank's block and queue counts now (telemetry samples them)."""
         ...
 
     def check(self) -> None:

@@ -66,7 +66,7 @@ from servesim.engine.kv.radix_cache import (
 )
 from servesim.engine.request import EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
-from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult
+from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankGauges
 from servesim.engine.speculative import SpeculativeSampler
 from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
@@ -267,6 +267,19 @@ class SglangScheduler:
             removals=[],
         )
 
+    def gauges(self) -> RankGauges:
+        """See :class:`~servesim.engine.scheduler.RankScheduler`: pages as blocks, every page
+        in use active (the radix tree's cached pages included), as the reference counts them."""
+        pool = self.kv.cache.pool
+        return RankGauges(
+            active_blocks=pool.total_pages - pool.num_free_pages,
+            inactive_blocks=0,
+            total_blocks=pool.total_pages,
+            running=len(self.running),
+            waiting=len(self.waiting) + len(self.prebuilt),
+            preemptions=0,
+        )
+
     def commit_decode(self, plan: DecodePlan, passes: int, end_ms: float) -> list[EngineRequest]:
         """Apply the first ``passes`` passes of ``plan`` (the last ends at ``end_ms``).
 
@@ -368,6 +381,8 @@ class SglangScheduler:
                 else:
                     prefilled.append(request)
             result.end_ms = self._first_tokens(prefilled, start, result)
+            # Its tokens are first tokens (a retracted request's again too): no decode forward.
+            result.drafted = (0, 0)
             for request in prefilled:
                 self._enter_running(request)
         else:
@@ -503,6 +518,11 @@ class SglangScheduler:
                 waiting.appendleft(request)
                 break
             request.num_computed = end
+            hits, tokens = result.cache_tokens
+            result.cache_tokens = (
+                hits + (0 if materialized else prefix),
+                tokens + end - materialized,
+            )
             if not materialized:
                 result.admitted.append((request, prefix))
             self.committed_prefill_tokens += end - prefix
@@ -757,7 +777,11 @@ class SglangScheduler:
                 self._decode_token(request, reservation, result, finished)
                 continue
             result.bursts = True
-            for _ in range(sampler.burst(request.max_output - request.generated)):
+            burst = sampler.burst(request.max_output - request.generated)
+            if request.generated:  # a decode forward (a first burst comes from the prefill)
+                forwards, accepted = result.drafted or (0, 0)
+                result.drafted = (forwards + 1, accepted + sampler.accepted)
+            for _ in range(burst):
                 self._decode_token(request, reservation, result, finished)
                 if request.generated >= request.max_output:
                     break

@@ -15,11 +15,13 @@ from servesim.workload.rng import StdRng
 class SpeculativeSampler:
     """Samples burst lengths, 1 to ``len(rates) + 1`` tokens, for one rank."""
 
-    __slots__ = ("_rates", "_rng")
+    __slots__ = ("_rates", "_rng", "accepted")
 
     def __init__(self, rates: tuple[float, ...], seed: int) -> None:
         self._rates = rates
         self._rng = StdRng(seed)
+        # The last step's accepted length before the cap (what telemetry averages).
+        self.accepted = 0
 
     def burst(self, remaining: int) -> int:
         """Tokens one step emits for a request that may still generate ``remaining``.
@@ -35,4 +37,5 @@ class SpeculativeSampler:
             if not random_bool(rate):
                 break
             tokens += 1
+        self.accepted = tokens
         return min(tokens, remaining)

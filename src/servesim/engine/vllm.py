@@ -53,7 +53,7 @@ from servesim.engine.kv.hashing import chain, generated_block_hash
 from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
-from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult
+from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankGauges
 from servesim.engine.speculative import SpeculativeSampler
 from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
@@ -145,6 +145,7 @@ class VllmScheduler:
         self._budget = 0
         self._batch = [0, 0, 0]  # prompts scheduled, sum of isl, sum of prefix
         self._scheduled: dict[EngineRequest, tuple[int, int, int]] = {}
+        self._recomputing: list[EngineRequest] = []
         self._emitting: list[EngineRequest] = []
         self._result = PassResult(end_ms=0.0)
 
@@ -283,6 +284,7 @@ class VllmScheduler:
         self._budget = self._max_tokens
         self._batch = [0, 0, 0]
         self._scheduled = {}
+        self._recomputing = []
         self._step += 1
         cohort = bool(self._members) and self._schedule_cohort()
         if not cohort:
@@ -300,6 +302,18 @@ class VllmScheduler:
             cohort or self._scheduled or result.finished or result.rejected or result.preempted
         )
         return result
+
+    def gauges(self) -> RankGauges:
+        """See :class:`~servesim.engine.scheduler.RankScheduler`."""
+        pool = self.pool
+        return RankGauges(
+            active_blocks=pool.num_active,
+            inactive_blocks=pool.num_inactive_visible,
+            total_blocks=pool.capacity,
+            running=len(self.running),
+            waiting=len(self.waiting) + len(self._connector),
+            preemptions=self.preemptions_total,
+        )
 
     # ----- decode fast-forward -----
 
@@ -886,6 +900,8 @@ class VllmScheduler:
         prompt_tokens = min(target, request.prompt_len) - prompt_before
         batch = self._batch
         if prompt_tokens > 0:
+            if request.generated:  # a preempted request recomputing prompt and output
+                self._recomputing.append(request)
             self.committed_prefill_tokens += desired
             batch[0] += 1
             batch[1] += prompt_before + prompt_tokens
@@ -1014,6 +1030,11 @@ class VllmScheduler:
             result.cohorts.append((self.last_emit_ms, members))
         join = self.lazy and self._decodes
         offload = self._offload
+        # Decode forwards (telemetry): the decoding requests but those recomputing their
+        # prompt after a preemption (rare: counted only when there are any).
+        forwards = decoding if self._decodes else 0
+        if forwards and self._recomputing:
+            forwards -= sum(1 for r in self._recomputing if r.num_computed == r.length)
         for request in ready:
             if request.generated < request.max_output:
                 request.generated += 1
@@ -1025,6 +1046,7 @@ class VllmScheduler:
                 # (With a host tier, once its prompt was offered to host: a member does
                 # nothing per pass, so a store it still has to retry would be lost.)
                 self._join(request)
+        result.drafted = (forwards, forwards)
         return end
 
     def _prefill_ms(self) -> float:
@@ -1082,10 +1104,17 @@ class VllmScheduler:
         end = self._pass_end(now, prefill, decode)
         sampler = self._sampler
         assert sampler is not None
-        bursts = [
-            sampler.burst(self._remaining(r)) if self._decodes else min(1, self._remaining(r))
-            for r in ready
-        ]
+        bursts = []
+        forwards = accepted = 0
+        for request in ready:
+            if not self._decodes:
+                bursts.append(min(1, self._remaining(request)))
+                continue
+            bursts.append(sampler.burst(self._remaining(request)))
+            if request.generated:  # a decode forward (a first burst comes from the prefill)
+                forwards += 1
+                accepted += sampler.accepted
+        result.drafted = (forwards, accepted)
         result.bursts = True
         reserved.reverse()  # handed out in the order they were taken
         for request, burst in zip(ready, bursts, strict=True):

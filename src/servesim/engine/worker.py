@@ -15,10 +15,19 @@ worker's state (a request or a handoff command arriving, see :meth:`cut`):
 then it is applied up to the pass in flight and ends with that pass, at the
 first pass end at or after that moment, where pass-by-pass stepping would
 next start a pass. The state anyone sees is exactly what stepping gives.
+
+**Published gauges.** With ``gauges`` on (telemetry), the worker keeps what
+the reference's telemetry reads: each rank's counts as they stood after the
+latest pass end or request submitted (a pass start publishes nothing, so a
+sample in the middle of a pass shows the state before it), and the decode
+request-forwards and their tokens of the passes ended so far. A telemetry
+sample time splits a window (:meth:`split_at`), so that every pass end before
+it is published when it happens.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,7 +38,7 @@ from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.request import EngineRequest
 from servesim.engine.roles import DestinationRole, SourceRole
-from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankScheduler
+from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankGauges, RankScheduler
 from servesim.engine.sglang import SglangScheduler
 from servesim.engine.timing import make_timing
 from servesim.engine.vllm import VllmScheduler
@@ -93,14 +102,22 @@ class Worker:
     """A worker's ranks and its pass lifecycle (idle, or busy until ``busy_until``)."""
 
     __slots__ = (
+        "_cache_in_flight",
+        "_carry",
+        "_forwards_in_flight",
         "_outputs",
         "_removals",
         "_serial",
         "_valid_passes",
         "_window",
         "busy_until",
+        "cache_hit_tokens",
+        "cache_total_tokens",
         "config",
+        "decode_forwards",
+        "decode_tokens",
         "fast_forward",
+        "published",
         "ranks",
         "stalled",
         "worker_id",
@@ -115,6 +132,7 @@ class Worker:
         fast_forward: bool = True,
         disk: DiskTier | None = None,
         shared_host: tuple[HostTier, int] | None = None,
+        gauges: bool = False,
     ) -> None:
         self.worker_id = worker_id
         self.config = config
@@ -154,6 +172,22 @@ class Worker:
         self._serial = 0
         self._valid_passes = 0
         self._removals: list[ScheduledRemoval] = []
+        # Published gauges (see the module docstring); None when telemetry is off.
+        self.published: list[RankGauges] | None = (
+            [rank.gauges() for rank in self.ranks] if gauges else None
+        )
+        # Decode request-forwards and the tokens they made visible, by passes ended;
+        # those of the pass (or window) in flight, counted at its end.
+        self.decode_forwards = 0
+        self.decode_tokens = 0
+        self._forwards_in_flight = (0, 0)
+        # Prefix-cache hit and prompt tokens of the passes ended (see PassResult.cache_tokens).
+        self.cache_hit_tokens = 0
+        self.cache_total_tokens = 0
+        self._cache_in_flight = (0, 0)
+        # Passes left of a window split at a sample time: the next window plans no
+        # more, so that windows end where they would without the split.
+        self._carry: int | None = None
 
     @property
     def busy(self) -> bool:
@@ -170,7 +204,32 @@ class Worker:
         end = self.cut(now)
         self.ranks[rank].submit(request)
         self.stalled = False
+        if self.published is not None:
+            self.publish()
         return end
+
+    def publish(self) -> None:
+        """Publish the ranks' gauges as they stand (telemetry on)."""
+        self.published = [rank.gauges() for rank in self.ranks]
+
+    def split_at(self, at: float) -> float | None:
+        """End the window in flight with its last pass that ends by ``at`` (a telemetry sample).
+
+        Stepping would publish gauges at each of those pass ends, so a sample
+        at ``at`` must see the state after the last of them, not the window's
+        later passes; the rest of the window is planned again from that end.
+
+        Returns:
+            The new, earlier busy-until time, or None when nothing changed.
+        """
+        window = self._window
+        if window is None:
+            return None
+        passes = int(np.searchsorted(window.ends, at, side="right"))
+        if passes == 0 or passes == len(window.ends):
+            return None
+        self._carry = len(window.ends) - passes
+        return self._apply(window, passes)
 
     def cut(self, now: float) -> float | None:
         """Bring the ranks' state to ``now``, as pass-by-pass stepping would have it.
@@ -181,11 +240,14 @@ class Worker:
         Returns:
             The new, earlier busy-until time, or None when nothing changed.
         """
+        self._carry = None  # stepping would start a full window after this instant too
         window = self._window
         if window is None:
             return None
-        passes = max(1, int(np.searchsorted(window.ends, now, side="left")) + 1)
-        return self._apply(window, min(passes, len(window.ends)))
+        passes = min(
+            max(1, int(np.searchsorted(window.ends, now, side="left")) + 1), len(window.ends)
+        )
+        return self._apply(window, passes, ended=passes - 1)
 
     def visible_by(self, limit: float) -> PassOutputs:
         """At a time cap: the fast-forwarded tokens stamped by ``limit`` (nothing else ends by then).
@@ -232,7 +294,8 @@ class Worker:
             could make progress (the worker is then stalled until a submit).
         """
         if self.fast_forward:
-            end = self._start_window(now)
+            end = self._start_window(now, MAX_WINDOW if self._carry is None else self._carry)
+            self._carry = None
             if end is not None:
                 self._take_catch_ups()
                 return end, []
@@ -248,6 +311,12 @@ class Worker:
             return None
         self.busy_until = max(r.end_ms for r in results)
         self._outputs = _collect(results)
+        if self.published is not None:
+            self._forwards_in_flight = _decode_forwards(results)
+            self._cache_in_flight = (
+                sum(r.cache_tokens[0] for r in results),
+                sum(r.cache_tokens[1] for r in results),
+            )
         self._take_catch_ups()
         return self.busy_until, [admission for r in results for admission in r.admitted]
 
@@ -261,6 +330,15 @@ class Worker:
             rank.complete_boundary(self.busy_until)
         self.busy_until = None
         out, self._outputs = self._outputs, PassOutputs()
+        if self.published is not None:
+            forwards, tokens = self._forwards_in_flight
+            self.decode_forwards += forwards
+            self.decode_tokens += tokens
+            self._forwards_in_flight = (0, 0)
+            self.cache_hit_tokens += self._cache_in_flight[0]
+            self.cache_total_tokens += self._cache_in_flight[1]
+            self._cache_in_flight = (0, 0)
+            self.publish()
         return out
 
     def next_internal_deadline(self) -> float:
@@ -312,6 +390,16 @@ class Worker:
         """Requests waiting or running on any rank."""
         return sum(len(r.waiting) + len(r.running) for r in self.ranks)
 
+    def drained(self) -> bool:
+        """Idle with nothing left to do: no pass, request, handoff duty or own work (a draining
+        worker may then be removed)."""
+        return (
+            self.busy_until is None
+            and self.in_flight() == 0
+            and not any(rank.has_work() or rank.role.holds_work() for rank in self.ranks)
+            and self.next_internal_deadline() == math.inf
+        )
+
     def take_scheduled_removals(self) -> list[ScheduledRemoval]:
         """The Removed events of the window just started, each due at the end of its pass.
 
@@ -331,13 +419,23 @@ class Worker:
             if rank.catch_ups:
                 self._outputs.catch_ups += rank.take_catch_ups()
 
-    def _apply(self, window: _Window, passes: int) -> float | None:
-        """Apply the window's first ``passes`` passes; it then ends with the last of them."""
+    def _apply(self, window: _Window, passes: int, *, ended: int = 0) -> float | None:
+        """Apply the window's first ``passes`` passes; it then ends with the last of them.
+
+        ``ended`` of them already ended (a cut): their decode forwards count now,
+        the others' at the window's end.
+        """
         self._window = None
         self._valid_passes = passes
         out = self._outputs
         times = window.ends[:passes]
         end = float(times[-1])
+        if self.published is not None:
+            members = sum(plan.members for _, plan in window.plans)
+            self.decode_forwards += members * ended
+            self.decode_tokens += members * ended
+            in_flight = members * (passes - ended)
+            self._forwards_in_flight = (in_flight, in_flight)
         for rank, plan in window.plans:
             out.cohorts.append((plan.prev_end_ms, plan.members, times))
             if plan.seconds:
@@ -352,7 +450,7 @@ class Worker:
         self.busy_until = end
         return end
 
-    def _start_window(self, now: float) -> float | None:
+    def _start_window(self, now: float, limit: int) -> float | None:
         # A rank whose reservation queue head is due tries it at the next pass end
         # and may reserve: that pass must be stepped alone. (A head already tried
         # waits for a request to finish, which ends a window anyway.)
@@ -361,7 +459,7 @@ class Worker:
         working = [rank for rank in self.ranks if rank.has_work()]
         plans = []
         for rank in working:
-            plan = rank.plan_decode(MAX_WINDOW)
+            plan = rank.plan_decode(limit)
             if plan is None:
                 return None
             plans.append((rank, plan))
@@ -384,6 +482,32 @@ class Worker:
         ]
         self.busy_until = float(ends[-1])
         return self.busy_until
+
+
+def _decode_forwards(results: list[PassResult]) -> tuple[int, int]:
+    """A stepped pass's decode request-forwards and the tokens they accepted.
+
+    A rank that counts them itself says so (``drafted``); otherwise a
+    request's first token comes from its prefill and is no decode forward,
+    and a decode cohort's members each decode one token.
+    """
+    forwards = accepted = 0
+    for result in results:
+        if result.drafted is not None:
+            forwards += result.drafted[0]
+            accepted += result.drafted[1]
+            continue
+        tokens: dict[EngineRequest, int] = {}
+        for request in result.emitted:
+            tokens[request] = tokens.get(request, 0) + 1
+        members = sum(count for _, count in result.cohorts)
+        forwards += members
+        accepted += members
+        for request, count in tokens.items():
+            if request.generated > count:
+                forwards += 1
+                accepted += count
+    return forwards, accepted
 
 
 def _collect(results: list[PassResult]) -> PassOutputs:

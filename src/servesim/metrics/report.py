@@ -100,16 +100,40 @@ REPORT_SECTIONS = ("summary", "run", "series")
 
 
 def report_document(
-    summary: dict[str, Any], *, run: dict[str, Any], series: dict[str, Any]
+    summary: dict[str, Any],
+    *,
+    run: dict[str, Any],
+    series: dict[str, Any],
+    sections: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report file's content: the reference's ``summary``, then servesim's own sections,
-    ``run`` (what was simulated) and ``series`` (what the HTML page plots)."""
-    return {"summary": summary, "run": run, "series": series}
+    ``run`` (what was simulated) and ``series`` (what the HTML page plots), and the run's
+    other sections (``telemetry``, ``lifecycle_transitions``)."""
+    return {"summary": summary, "run": run, "series": series, **(sections or {})}
 
 
 def document_json(document: dict[str, Any]) -> str:
-    """A report document as the file holds it: indent 2, sorted keys, a final newline."""
-    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+    """A report document as the file holds it: indent 2, sorted keys, a final newline.
+
+    Telemetry samples are written one a line: a long run has tens of
+    thousands, which the indenting encoder (pure Python) takes seconds over.
+    """
+    telemetry = document.get("telemetry")
+    if telemetry is None:
+        return json.dumps(document, indent=2, sort_keys=True) + "\n"
+    marked = {**document, "telemetry": {**telemetry, "samples": _SAMPLES}}
+    head, tail = json.dumps(marked, indent=2, sort_keys=True).split(json.dumps(_SAMPLES))
+    lines = ",\n".join("      " + json.dumps(s, sort_keys=True) for s in telemetry["samples"])
+    return "".join([head, "[\n", lines, "\n    ]" if lines else "]", tail, "\n"])
+
+
+# Where the samples go in a report's text (no report value is a string like it).
+_SAMPLES = "\u0000telemetry samples\u0000"
+
+
+def write_samples_jsonl(path: Path, samples: list[dict[str, Any]]) -> None:
+    """Telemetry samples, one a line (``--telemetry-jsonl``)."""
+    atomic_write(path, (json.dumps(s, sort_keys=True) + "\n" for s in samples))
 
 
 def write_report_json(path: Path, document: dict[str, Any]) -> None:

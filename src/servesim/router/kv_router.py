@@ -138,6 +138,8 @@ class KvRouter:
         )
         self._shared_count = np.zeros(targets, dtype=np.int64)
         self._active: dict[int, _Active] = {}
+        # The targets requests may go to (None: all; a planner changes the set).
+        self._eligible: np.ndarray | None = None
         # Shared hash -> bit mask of the targets where it is active, so a request finds
         # its blocks already active per target in one pass over its hashes.
         self._active_on: dict[int, int] = {}
@@ -146,6 +148,27 @@ class KvRouter:
     def targets(self) -> int:
         """How many targets it chooses among."""
         return len(self._prefill)
+
+    def set_eligible(self, targets: list[int], total: int) -> None:
+        """Place only on ``targets`` from now on, of ``total`` targets (more than before when
+        workers were added: the new ones start unloaded). Loads on the others stay until
+        their requests end."""
+        grow = total - self.targets
+        if grow > 0:
+            pad = np.zeros(grow, dtype=np.int64)
+            self._prefill = np.concatenate([self._prefill, pad])
+            self._unique = np.concatenate([self._unique, pad])
+            self._requests = np.concatenate([self._requests, pad])
+            self._shared_count = np.concatenate([self._shared_count, pad])
+            if self._shared is not None:
+                self._shared += [{} for _ in range(grow)]
+        eligible = np.zeros(self.targets, dtype=bool)
+        eligible[targets] = True
+        self._eligible = eligible
+
+    def eligible(self, target: int) -> bool:
+        """Whether requests may be placed on ``target``."""
+        return self._eligible is None or bool(self._eligible[target])
 
     def overlaps(self, request: RouteRequest) -> Overlaps:
         """The request's cached blocks on each target that holds any."""
@@ -171,8 +194,9 @@ class KvRouter:
         return int(self._prefill[target])
 
     def all_loaded_beyond(self, limit: float) -> bool:
-        """Whether every target's :meth:`prefill_tokens` exceeds ``limit``."""
-        return bool((self._prefill > limit).all())
+        """Whether every eligible target's :meth:`prefill_tokens` exceeds ``limit``."""
+        prefill = self._prefill if self._eligible is None else self._prefill[self._eligible]
+        return bool((prefill > limit).all())
 
     def select(
         self,
@@ -189,7 +213,7 @@ class KvRouter:
         """
         if overlaps is None:
             overlaps = self.overlaps(request)
-        if preferred is not None:
+        if preferred is not None and self.eligible(preferred):
             target = preferred
         else:
             target = self._choose(self._costs(request, overlaps, self._already_active(request)))
@@ -242,7 +266,9 @@ class KvRouter:
         if config.router_track_prefill_tokens:
             prefill = (self._prefill + request.isl) / bs
             if config.overlap_score_credit_decay > 0:
-                excess = (self._prefill - self._prefill.min()) / bs
+                eligible = self._eligible
+                low = (self._prefill if eligible is None else self._prefill[eligible]).min()
+                excess = (self._prefill - low) / bs
                 decay = 1.0 / (
                     1.0 + config.overlap_score_credit_decay * excess / max(request.blocks, 1)
                 )
@@ -345,14 +371,21 @@ class KvRouter:
         return counts
 
     def _choose(self, costs: np.ndarray) -> int:
+        if self._eligible is not None:
+            assert self._eligible.any(), "no eligible target"
+            costs = np.where(self._eligible, costs, math.inf)
         temperature = self.config.router_temperature
         if temperature <= 0:
             best = (costs == costs.min()).nonzero()[0]
             return int(best[0]) if len(best) == 1 else self._rng.choice(best.tolist())
         values = costs.tolist()
+        targets = list(range(len(values)))
+        if self._eligible is not None:  # sample among the eligible targets only
+            targets = [t for t in targets if self._eligible[t]]
+            values = [values[t] for t in targets]
         low, high = min(values), max(values)
         if high == low:
-            return self._rng.randrange(len(values))
+            return targets[self._rng.randrange(len(values))]
         scale = (high - low) * temperature
         weights = [math.exp(-(c - low) / scale) for c in values]
-        return self._rng.choices(range(len(values)), weights=weights)[0]
+        return self._rng.choices(targets, weights=weights)[0]

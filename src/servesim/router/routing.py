@@ -52,6 +52,16 @@ class PlacementPolicy(Protocol):
         """A request ended; returns requests released from the queue."""
         ...
 
+    @property
+    def pending(self) -> int:
+        """Requests waiting in the policy's queue."""
+        ...
+
+    def set_routable(self, workers: list[tuple[int, int]], now: float) -> list[Routed]:
+        """Route only to these (worker id, dp size) workers from now on (a planner changed
+        the pool); returns requests released from the queue."""
+        ...
+
 
 class RoundRobinPolicy:
     """Round robin over workers and ranks (rank-major, or worker-major for a P/D pool); never queues."""
@@ -70,6 +80,16 @@ class RoundRobinPolicy:
 
     def request_ended(self, uid: int, now: float) -> list[Routed]:
         """See :class:`PlacementPolicy`: nothing to release."""
+        return []
+
+    @property
+    def pending(self) -> int:
+        """See :class:`PlacementPolicy`: it never queues."""
+        return 0
+
+    def set_routable(self, workers: list[tuple[int, int]], now: float) -> list[Routed]:
+        """See :class:`PlacementPolicy`."""
+        self._rr.set_workers(workers)
         return []
 
 
@@ -146,6 +166,14 @@ class KvPolicy:
     def pending(self) -> int:
         """Requests waiting in the queue."""
         return len(self._queue) if self._queue is not None else 0
+
+    def set_routable(self, workers: list[tuple[int, int]], now: float) -> list[Routed]:
+        """See :class:`PlacementPolicy`: targets of workers gone keep their load until
+        their requests end; the queue drains onto the new set."""
+        dp = self._dp
+        total = max(self.router.targets, (max((w for w, _ in workers), default=-1) + 1) * dp)
+        self.router.set_eligible([w * dp + r for w, _ in workers for r in range(dp)], total)
+        return self._drain(now)
 
     def _drain(self, now: float) -> list[Routed]:
         queue = self._queue

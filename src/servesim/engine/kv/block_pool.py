@@ -33,7 +33,7 @@ evicted. Nothing is emitted on release or on a prefix hit.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -69,6 +69,8 @@ class BlockPool:
 
     __slots__ = (
         "_by_hash",
+        "_cached_free",
+        "_compacted",
         "_extra_copies",
         "_free",
         "_free_head",
@@ -103,6 +105,11 @@ class BlockPool:
         self._lru: OrderedDict[int, list[BlockId] | None] = OrderedDict()
         self._inactive = 0
         self._next_run = -1
+        # Computed runs that went to the free list's tail (see release): cached blocks
+        # to the reference, which counts them inactive until taken. Absolute free-list
+        # positions [start, end); _compacted counts the entries dropped from _free's front.
+        self._cached_free: deque[tuple[int, int]] = deque()
+        self._compacted = 0
 
     # ----- counts -----
 
@@ -115,6 +122,16 @@ class BlockPool:
     def num_inactive(self) -> int:
         """Cached blocks nobody references (evictable)."""
         return self._inactive
+
+    @property
+    def num_inactive_visible(self) -> int:
+        """Inactive blocks as the reference counts them: evictable ones, and computed runs
+        waiting at the free list's tail (which it caches and servesim need not)."""
+        head = self._compacted + self._free_head
+        runs = self._cached_free
+        while runs and runs[0][1] <= head:
+            runs.popleft()
+        return self._inactive + sum(end - max(start, head) for start, end in runs)
 
     @property
     def num_active(self) -> int:
@@ -216,6 +233,7 @@ class BlockPool:
             self._free_head += 1
             if self._free_head > 4096 and self._free_head * 2 > len(self._free):
                 del self._free[: self._free_head]  # as _take_free compacts
+                self._compacted += self._free_head
                 self._free_head = 0
         elif self._inactive:
             (block,) = self._evict_oldest(1)
@@ -248,6 +266,7 @@ class BlockPool:
         taken += self._free[head:end]
         if end > 4096 and end * 2 > len(self._free):
             del self._free[:end]  # compact now and then: amortised O(1) per block
+            self._compacted += end
             end = 0
         self._free_head = end
         return taken
@@ -321,6 +340,11 @@ class BlockPool:
                     # A run at an empty LRU's head would be the next taken after the free
                     # list, with no identity to lose: the free list's tail is the same place.
                     free += run
+                    end = self._compacted + len(free)
+                    runs, head = self._cached_free, self._compacted + self._free_head
+                    while runs and runs[0][1] <= head:
+                        runs.popleft()
+                    runs.append((end - len(run), end))
         inactive = 0
         for block in table[start - 1 :: -1] if start else ():
             if block_hash[block] is None:
