@@ -34,6 +34,7 @@ from servesim.errors import ConfigError, ServesimError
 from servesim.metrics.report import render_table, write_report_json, write_requests_jsonl
 from servesim.metrics.summary import Sla
 from servesim.simulation import RunConfig, SyntheticWorkload, count_requests, run
+from servesim.workload.formats import FORMATS, canonical_format
 from servesim.workload.mooncake import STDIN
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)")
@@ -190,14 +191,44 @@ def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
         nargs="*",
         type=Path,
         metavar="TRACE",
-        help="Mooncake JSONL trace, gzip-compressed or not; - reads it from stdin",
+        help="trace file, gzip-compressed or not (several shards for --trace-format dynamo); "
+        "- reads it from stdin",
+    )
+    w.add_argument(
+        "--trace-format",
+        metavar="FORMAT",
+        type=_trace_format,
+        default="mooncake",
+        help=f"trace format: {', '.join(FORMATS)}",
     )
     w.add_argument(
         "--trace-block-size",
         metavar="N",
         type=_positive_int,
-        default=512,
-        help="tokens per hash id",
+        help="tokens per hash id (default 512; dynamo and agentic_mooncake traces carry their own)",
+    )
+    w.add_argument(
+        "--trace-shared-prefix-ratio",
+        metavar="R",
+        type=_fraction,
+        help="applied_compute_agentic: fraction of each session's first prompt shared in its group",
+    )
+    w.add_argument(
+        "--trace-num-prefix-groups",
+        metavar="N",
+        type=_integer(0, "a non-negative integer"),
+        help="applied_compute_agentic: prefix groups (line i is in group i mod N; 0 = none)",
+    )
+    w.add_argument(
+        "--execution-model",
+        metavar="NAME",
+        help="agentic traces: the model every request runs on (required for them)",
+    )
+    w.add_argument(
+        "--agentic-lanes",
+        metavar="N",
+        type=_positive_int,
+        help="agentic traces: keep N plays in flight, taken in play_id order",
     )
     w.add_argument(
         "--arrival-speedup-ratio",
@@ -380,14 +411,21 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         if given:
             verb = "applies" if len(given) == 1 else "apply"
             parser.error(f"{', '.join(given)} only {verb} to synthetic replay")
-        if len(args.trace_files) != 1:
-            parser.error(f"exactly one trace file is supported, got {len(args.trace_files)}")
+        if args.trace_format != "dynamo" and len(args.trace_files) != 1:
+            parser.error(
+                f"--trace-format={args.trace_format} requires exactly one trace file, "
+                f"got {len(args.trace_files)}"
+            )
         trace = args.trace_files[0]
-        if trace == STDIN:
-            if sys.stdin.isatty():
-                parser.error("the trace is to be read from stdin ('-'), but stdin is a terminal")
-        elif not trace.is_file():
-            parser.error(f"trace file not found: {trace}")
+        for path in args.trace_files:
+            if path == STDIN:
+                if sys.stdin.isatty():
+                    parser.error(
+                        "the trace is to be read from stdin ('-'), but stdin is a terminal"
+                    )
+            elif not path.is_file():
+                parser.error(f"trace file not found: {path}")
+        _check_trace_flags(args, parser)
     else:
         names = ("--input-tokens", "--output-tokens", "--request-count")
         missing = [n for n, v in zip(names, synthetic_flags, strict=True) if v is None]
@@ -431,8 +469,14 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     engines = _engines(args, parser)
     return RunConfig(
         trace=trace,
+        trace_shards=tuple(args.trace_files[1:]),
+        trace_format=args.trace_format,
         synthetic=synthetic,
         trace_block_size=args.trace_block_size,
+        trace_shared_prefix_ratio=args.trace_shared_prefix_ratio or 0.0,
+        trace_num_prefix_groups=args.trace_num_prefix_groups or 0,
+        execution_model=args.execution_model,
+        agentic_lanes=args.agentic_lanes,
         arrival_speedup_ratio=args.arrival_speedup_ratio,
         replay_concurrency=args.replay_concurrency,
         num_workers=args.num_workers or 1,
@@ -450,6 +494,50 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         seed=args.seed,
         exact_passes=args.exact_passes,
     )
+
+
+def _trace_format(text: str) -> str:
+    try:
+        return canonical_format(text)
+    except ConfigError:
+        hint = _did_you_mean(text, FORMATS, quote="'")
+        raise argparse.ArgumentTypeError(
+            f"unknown trace format '{text}' (expected one of {', '.join(FORMATS)}){hint}"
+        ) from None
+
+
+def _check_trace_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Trace flags that only some formats take, refused (as the reference does) elsewhere."""
+    fmt = args.trace_format
+    if fmt == "applied_compute_agentic" and args.replay_concurrency is None:
+        parser.error(
+            "--trace-format=applied_compute_agentic requires --replay-concurrency because the "
+            "source traces do not include first-turn timestamps"
+        )
+    if fmt != "applied_compute_agentic":
+        for flag, dest in (
+            ("--trace-shared-prefix-ratio", "trace_shared_prefix_ratio"),
+            ("--trace-num-prefix-groups", "trace_num_prefix_groups"),
+        ):
+            if getattr(args, dest) is not None:
+                parser.error(f"{flag} only applies to --trace-format=applied_compute_agentic")
+    if fmt == "agentic_mooncake":
+        if args.replay_concurrency is not None:
+            parser.error(
+                "--trace-format=agentic_mooncake replays on the trace's own schedule: "
+                "--replay-concurrency does not apply (use --agentic-lanes)"
+            )
+        if not args.execution_model:
+            parser.error(
+                "agentic execution requires a configured target model: give --execution-model NAME"
+            )
+    if fmt not in ("agentic_mooncake", "dynamo"):
+        for flag, dest in (
+            ("--execution-model", "execution_model"),
+            ("--agentic-lanes", "agentic_lanes"),
+        ):
+            if getattr(args, dest) is not None:
+                parser.error(f"{flag} only applies to agentic traces (agentic_mooncake, dynamo)")
 
 
 def _router(args: argparse.Namespace, parser: argparse.ArgumentParser) -> RouterConfig:

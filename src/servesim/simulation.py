@@ -19,14 +19,16 @@ from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.collector import Collector, RequestRecord
+from servesim.metrics.stats import describe
 from servesim.metrics.summary import Cost, Sla, summarize
 from servesim.router.affinity import MODES as AFFINITY_MODES
 from servesim.router.affinity import SessionAffinity
 from servesim.router.indexer import KvIndexer
 from servesim.router.kv_router import KvRouter
 from servesim.router.routing import KvPolicy, PlacementPolicy, RoundRobinPolicy
-from servesim.workload.admission import AdmissionQueue
-from servesim.workload.mooncake import read_mooncake
+from servesim.workload.admission import Admission, AdmissionQueue
+from servesim.workload.agentic import AgenticGraph, AgenticQueue
+from servesim.workload.formats import TraceOptions, read_trace
 from servesim.workload.request import Session
 from servesim.workload.sharing import mark_shared_blocks
 from servesim.workload.synthetic import synthetic_sessions
@@ -60,7 +62,12 @@ class SyntheticWorkload:
 class RunConfig:
     """Everything one replay needs.
 
-    Exactly one of ``trace`` and ``synthetic`` describes the workload. The
+    Exactly one of ``trace`` and ``synthetic`` describes the workload; a
+    ``dynamo`` trace may have more shards in ``trace_shards``.
+    ``trace_block_size`` None means the format's own (512 for Mooncake-like
+    formats; the records' or header's for ``dynamo`` and ``agentic_mooncake``).
+    Agentic traces replay against ``execution_model``, with at most
+    ``agentic_lanes`` plays in flight when set. The
     run is disaggregated when ``prefill_engine`` and ``decode_engine`` are
     given (with ``num_prefill_workers`` and ``num_decode_workers``);
     otherwise ``num_workers`` aggregated workers run ``engine``.
@@ -70,8 +77,14 @@ class RunConfig:
     """
 
     trace: Path | None = None
+    trace_shards: tuple[Path, ...] = ()
+    trace_format: str = "mooncake"
     synthetic: SyntheticWorkload | None = None
-    trace_block_size: int = 512
+    trace_block_size: int | None = None
+    trace_shared_prefix_ratio: float = 0.0
+    trace_num_prefix_groups: int = 0
+    execution_model: str | None = None
+    agentic_lanes: int | None = None
     arrival_speedup_ratio: float = 1.0
     replay_concurrency: int | None = None
     num_workers: int = 1
@@ -104,15 +117,25 @@ class Report:
     time_limited: bool
 
 
-def _sessions(config: RunConfig) -> list[Session]:
+def _workload(config: RunConfig) -> list[Session] | AgenticGraph:
     if (config.trace is None) == (config.synthetic is None):
         raise ConfigError("give either a trace file or a synthetic workload, not both or neither")
     if config.trace is not None:
-        return read_mooncake(
-            config.trace,
-            trace_block_size=config.trace_block_size,
-            need_timestamps=config.replay_concurrency is None,
+        workload = read_trace(
+            [config.trace, *config.trace_shards],
+            TraceOptions(
+                trace_format=config.trace_format,
+                trace_block_size=config.trace_block_size,
+                shared_prefix_ratio=config.trace_shared_prefix_ratio,
+                num_prefix_groups=config.trace_num_prefix_groups,
+                closed_loop=config.replay_concurrency is not None,
+            ),
         )
+        if isinstance(workload, AgenticGraph):
+            _check_agentic(config)
+        elif config.agentic_lanes is not None:
+            raise ConfigError("--agentic-lanes applies to agentic traces only")
+        return workload
     syn = config.synthetic
     assert syn is not None
     paces = [
@@ -143,6 +166,52 @@ def _sessions(config: RunConfig) -> list[Session]:
         shared_prefix_ratio=syn.shared_prefix_ratio,
         num_prefix_groups=syn.num_prefix_groups,
     )
+
+
+def _check_agentic(config: RunConfig) -> None:
+    """The reference's rules for replaying an agentic graph."""
+    if config.replay_concurrency is not None:
+        raise ConfigError(
+            "agentic traces replay on their own schedule: --replay-concurrency does not apply "
+            "(use --agentic-lanes to cap plays in flight)"
+        )
+    if not config.execution_model:
+        raise ConfigError(
+            "agentic execution requires a configured target model: give --execution-model NAME"
+        )
+
+
+def _admission(config: RunConfig, workload: list[Session] | AgenticGraph) -> Admission:
+    if isinstance(workload, AgenticGraph):
+        return AgenticQueue(workload, lanes=config.agentic_lanes)
+    return AdmissionQueue(
+        workload, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
+    )
+
+
+def _trajectory_summary(queue: AgenticQueue, target_model: str) -> dict[str, Any]:
+    """The report's trajectory keys, as the reference names them."""
+    latencies = queue.trajectory_latencies()
+    total = len(queue.plays)
+    out: dict[str, Any] = {
+        "total_trajectories": total,
+        "completed_trajectories": len(latencies),
+        "incomplete_trajectories": total - len(latencies),
+    }
+    stats = describe(latencies)
+    for stat, value in stats.items():
+        out[f"{stat}_trajectory_e2e_latency_ms"] = value
+    out["p50_trajectory_e2e_latency_ms"] = stats["median"]
+    graph = queue.graph.summary()
+    out["agentic_graph"] = graph
+    out["agentic_play_outcomes"] = queue.play_outcomes()
+    out["agentic_lifecycle_event_count"] = queue.lifecycle_event_count()
+    out["agentic_model_projection"] = {
+        "policy": "project_to_configured_target",
+        "source_models": graph["source_models"],
+        "target_model": target_model,
+    }
+    return out
 
 
 def run(config: RunConfig, *, progress: Callable[[int], None] | None = None) -> Report:
@@ -181,15 +250,18 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report:
-    sessions = _sessions(config)
+    workload = _workload(config)
     engine = config.prefill_engine or config.engine
     if engine.backend is not Backend.SGLANG:
         # The vLLM block pool hashes only blocks another request could match (the
         # radix cache keys every page by its content, so SGLang needs no such look-ahead).
+        sessions = (
+            [Session(turns=[n.spec for n in workload.nodes])]
+            if isinstance(workload, AgenticGraph)
+            else workload
+        )
         mark_shared_blocks(sessions, engine.block_size)
-    admission = AdmissionQueue(
-        sessions, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
-    )
+    admission = _admission(config, workload)
     collector = Collector()
     ledger = Ledger(collector, admission, progress)
     completions: list[tuple[float, int, int]] = []
@@ -206,6 +278,9 @@ def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report
     summary = summarize(collector, cost=cost, sla=config.sla, wall_time_ms=wall_ms)
     if disk is not None:
         summary["g3_offload"] = disk.summary()
+    if isinstance(admission, AgenticQueue):
+        assert config.execution_model is not None
+        summary.update(_trajectory_summary(admission, config.execution_model))
     return Report(summary=summary, records=collector.records, time_limited=outcome.time_limited)
 
 

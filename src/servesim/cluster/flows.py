@@ -192,7 +192,11 @@ class AggregatedFlow:
                 record.overlap_blocks = routed.overlap_blocks
                 record.best_overlap_blocks = routed.best_overlap_blocks
             request = EngineRequest(
-                routed.uid, spec.prompt, spec.output_length, shared_blocks=spec.shared_blocks
+                routed.uid,
+                spec.prompt,
+                spec.output_length,
+                shared_blocks=spec.shared_blocks,
+                sequence=spec.sequence,
             )
             request.hashes = route.hashes.copy()
             self._pool.submit(routed.worker, routed.rank, request, now)

@@ -32,7 +32,7 @@ from servesim.engine.request import EngineRequest
 from servesim.engine.worker import PassOutputs, Worker
 from servesim.errors import SimulationError
 from servesim.metrics.collector import Collector, RequestRecord, Terminal
-from servesim.workload.admission import AdmissionQueue, Released
+from servesim.workload.admission import Admission, Released
 
 ProgressHook = Callable[[int], None]
 
@@ -98,7 +98,7 @@ class Ledger:
     """Requests in flight: their records, how the workload released them, and their end."""
 
     def __init__(
-        self, collector: Collector, admission: AdmissionQueue, progress: ProgressHook | None
+        self, collector: Collector, admission: Admission, progress: ProgressHook | None
     ) -> None:
         self.collector = collector
         self._admission = admission
@@ -199,7 +199,7 @@ class Runtime:
     def __init__(
         self,
         flow: Flow,
-        admission: AdmissionQueue,
+        admission: Admission,
         ledger: Ledger,
         completions: list[tuple[float, int, int]],
     ) -> None:
@@ -330,6 +330,8 @@ class Runtime:
                 item.arrival_ms,
                 spec.session_id,
                 spec.turn_index,
+                request_id=spec.request_id,
+                play_id=spec.trajectory,
             )
             self.ledger.open(record, item)
             self.flow.admit(record, item, now)

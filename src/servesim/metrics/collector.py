@@ -36,10 +36,12 @@ class RequestRecord:
         "last_token_ms",
         "num_tokens",
         "overlap_blocks",
+        "play_id",
         "prefill_admit_ms",
         "prefill_scheduler",
         "prefill_worker",
         "queue_wait_ms",
+        "request_id",
         "requested_output",
         "reused",
         "scheduler",
@@ -62,8 +64,13 @@ class RequestRecord:
         requested_output: int,
         session_id: str | None,
         turn_index: int | None,
+        request_id: str | None = None,
+        play_id: str | None = None,
     ) -> None:
         self.uid = uid
+        # The trace's own request id and the agentic play (trajectory), when it names them.
+        self.request_id = request_id
+        self.play_id = play_id
         self.arrival_ms = arrival_ms
         self.input_length = input_length
         self.requested_output = requested_output
@@ -156,10 +163,20 @@ class Collector:
         arrival_ms: float,
         session_id: str | None,
         turn_index: int | None,
+        *,
+        request_id: str | None = None,
+        play_id: str | None = None,
     ) -> RequestRecord:
         """A request reached the cluster; its uid is its arrival ordinal."""
         record = RequestRecord(
-            len(self.records), arrival_ms, input_length, requested_output, session_id, turn_index
+            len(self.records),
+            arrival_ms,
+            input_length,
+            requested_output,
+            session_id,
+            turn_index,
+            request_id,
+            play_id,
         )
         self.records.append(record)
         return record

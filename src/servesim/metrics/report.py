@@ -54,6 +54,10 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "dp_rank": r.dp_rank,
         "terminal_status": r.terminal.value if r.terminal is not None else "incomplete",
     }
+    if r.request_id is not None:
+        row["request_id"] = r.request_id
+    if r.play_id is not None:
+        row["play_id"] = r.play_id
     if r.first_host_reused is not None:
         # With a host tier: where the first admission's reused prefix came from.
         row["first_admission_g1_reused_input_tokens"] = r.first_reused - r.first_host_reused
