@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import math
 import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,11 +32,17 @@ from servesim.config import (
     router_keys,
 )
 from servesim.errors import ConfigError, ServesimError
-from servesim.metrics.report import render_table, write_report_json, write_requests_jsonl
+from servesim.metrics.report import (
+    render_table,
+    write_lines,
+    write_report_json,
+    write_requests_jsonl,
+)
 from servesim.metrics.summary import Sla
 from servesim.simulation import RunConfig, SyntheticWorkload, count_requests, run
-from servesim.workload.formats import FORMATS, canonical_format
+from servesim.workload.formats import FORMATS, TraceOptions, canonical_format
 from servesim.workload.mooncake import STDIN
+from servesim.workload.toolkit import CSV_FORMATS, convert_to_mooncake, render_stats, trace_stats
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)")
 
@@ -181,7 +188,97 @@ def build_parser() -> _Parser:
     p.set_defaults(command_parser=p)
     keys.set_defaults(command_parser=keys)
     _add_replay_arguments(p)
+    _add_trace_commands(sub)
     return parser
+
+
+_TRACE_EXAMPLES = """\
+examples:
+  servesim trace stats examples/mooncake_conversation_200.jsonl
+  servesim trace stats shard0.jsonl.gz shard1.jsonl.gz --trace-format dynamo --json
+  servesim trace convert delta.jsonl --from mooncake-delta -o full.jsonl
+  servesim trace convert AzureLLMInferenceTrace_conv.csv --from azure -o azure.jsonl
+  servesim trace convert BurstGPT_1.csv --from burstgpt -o burstgpt.jsonl
+"""
+
+
+def _add_trace_commands(sub: Any) -> None:
+    trace = sub.add_parser(
+        "trace",
+        help="describe a trace, or convert one to Mooncake JSONL",
+        description="Describe a trace, or convert one to Mooncake JSONL.",
+        epilog=_TRACE_EXAMPLES,
+    )
+    trace.set_defaults(command_parser=trace)
+    tsub = trace.add_subparsers(dest="trace_command", required=True, parser_class=_Parser)
+    stats = tsub.add_parser(
+        "stats",
+        help="requests, sessions, length percentiles, reuse potential, arrival rate",
+        description="Requests, sessions, input/output length percentiles, reuse potential\n"
+        "(the share of prompt tokens an unbounded prefix cache could serve) and\n"
+        "arrival rate over time, of a trace in any format servesim replays.",
+        epilog=_TRACE_EXAMPLES,
+    )
+    stats.set_defaults(command_parser=stats)
+    stats.add_argument("trace_files", nargs="+", type=Path, metavar="TRACE", help="trace file(s)")
+    _add_trace_reading(stats, "--trace-format", "the trace's format")
+    stats.add_argument(
+        "--reuse-block-size",
+        metavar="N",
+        type=_positive_int,
+        help="block size of the reuse estimate (default: the trace block size)",
+    )
+    stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    convert = tsub.add_parser(
+        "convert",
+        help="convert a trace (a servesim format, Azure or BurstGPT CSV) to Mooncake JSONL",
+        description="Convert a trace to Mooncake JSONL: from a format servesim replays\n"
+        "(each request with its whole prompt), or from the Azure LLM inference or\n"
+        "BurstGPT CSV traces (lengths only: new hash ids, no prefix sharing).",
+        epilog=_TRACE_EXAMPLES,
+    )
+    convert.set_defaults(command_parser=convert)
+    convert.add_argument("trace_files", nargs="+", type=Path, metavar="TRACE", help="input file(s)")
+    _add_trace_reading(
+        convert, "--from", f"input format: {', '.join((*FORMATS, *CSV_FORMATS))}", csv=True
+    )
+    convert.add_argument("--to", choices=["mooncake"], default="mooncake", help="output format")
+    convert.add_argument(
+        "-o", "--output", metavar="FILE", type=Path, required=True, help="output file (- = stdout)"
+    )
+
+
+def _add_trace_reading(
+    p: argparse.ArgumentParser, flag: str, help_text: str, *, csv: bool = False
+) -> None:
+    p.add_argument(
+        flag,
+        dest="trace_format",
+        metavar="FORMAT",
+        type=_source_format if csv else _trace_format,
+        default="mooncake",
+        help=help_text,
+    )
+    p.add_argument(
+        "--trace-block-size",
+        metavar="N",
+        type=_positive_int,
+        help="tokens per hash id (default 512; dynamo and agentic_mooncake traces carry their own)",
+    )
+    p.add_argument(
+        "--trace-shared-prefix-ratio",
+        metavar="R",
+        type=_fraction,
+        default=0.0,
+        help="applied_compute_agentic: shared prefix fraction",
+    )
+    p.add_argument(
+        "--trace-num-prefix-groups",
+        metavar="N",
+        type=_integer(0, "a non-negative integer"),
+        default=0,
+        help="applied_compute_agentic: prefix groups",
+    )
 
 
 def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
@@ -506,6 +603,53 @@ def _trace_format(text: str) -> str:
         ) from None
 
 
+def _source_format(text: str) -> str:
+    if text in CSV_FORMATS:
+        return text
+    try:
+        return canonical_format(text)
+    except ConfigError:
+        known = (*FORMATS, *CSV_FORMATS)
+        hint = _did_you_mean(text, known, quote="'")
+        raise argparse.ArgumentTypeError(
+            f"unknown trace format '{text}' (expected one of {', '.join(known)}){hint}"
+        ) from None
+
+
+def _trace_command(args: argparse.Namespace) -> int:
+    """``servesim trace stats`` / ``servesim trace convert``."""
+    options = TraceOptions(
+        trace_format=args.trace_format if args.trace_format not in CSV_FORMATS else "mooncake",
+        trace_block_size=args.trace_block_size,
+        shared_prefix_ratio=args.trace_shared_prefix_ratio,
+        num_prefix_groups=args.trace_num_prefix_groups,
+        closed_loop=True,  # describing or converting needs no timestamps
+    )
+    for path in args.trace_files:
+        if path != STDIN and not path.is_file():
+            raise ConfigError(f"trace file not found: {path}")
+    if args.trace_command == "stats":
+        stats = trace_stats(args.trace_files, options, block_size=args.reuse_block_size or 0)
+        print(json.dumps(stats, indent=2) if args.json else render_stats(stats))
+        return 0
+    count = 0
+
+    def counted() -> Iterator[str]:
+        nonlocal count
+        for line in convert_to_mooncake(args.trace_files, args.trace_format, options):
+            count += 1
+            yield line
+
+    if args.output == STDIN:
+        sys.stdout.writelines(counted())
+    else:
+        check_writable(args.output, "--output")
+        write_lines(args.output, counted())
+    where = "<stdout>" if args.output == STDIN else str(args.output)
+    print(f"wrote {count:,} Mooncake rows to {where}", file=sys.stderr)
+    return 0
+
+
 def _check_trace_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Trace flags that only some formats take, refused (as the reference does) elsewhere."""
     fmt = args.trace_format
@@ -746,6 +890,15 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "keys":
         print(render_keys())
         return 0
+    if args.command == "trace":
+        try:
+            return _trace_command(args)
+        except ServesimError as exc:
+            print(f"servesim: error: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"servesim: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+            return 2
     # As the reference: an existing directory gets the report inside it.
     if args.report_json is not None and args.report_json.is_dir():
         args.report_json = args.report_json / "servesim_report.json"

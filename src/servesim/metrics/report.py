@@ -89,6 +89,11 @@ def _atomic_write(path: Path, chunks: Iterable[str]) -> None:
         raise
 
 
+def write_lines(path: Path, lines: Iterable[str]) -> None:
+    """Write ``lines`` to ``path`` as they come, whole or not at all (see :func:`_atomic_write`)."""
+    _atomic_write(path, lines)
+
+
 def write_report_json(path: Path, summary: dict[str, Any]) -> None:
     """``{"summary": {...}}`` with sorted keys."""
     _atomic_write(path, [json.dumps({"summary": summary}, indent=2, sort_keys=True), "\n"])
