@@ -583,7 +583,10 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         router=_router(args, parser),
         session_affinity=args.session_affinity,
         kv_event_lag_ms=args.kv_event_lag_ms,
-        **engines,
+        engine=engines.get("engine", EngineConfig()),
+        prefill_engine=engines.get("prefill_engine"),
+        decode_engine=engines.get("decode_engine"),
+        keep_records=args.per_request_jsonl is not None,
         sla=Sla(ttft_ms=args.sla_ttft_ms, itl_ms=args.sla_itl_ms, e2e_ms=args.sla_e2e_ms),
         max_sim_time_ms=None
         if args.max_sim_time_seconds is None

@@ -28,9 +28,16 @@ from servesim.router.kv_router import KvRouter
 from servesim.router.routing import KvPolicy, PlacementPolicy, RoundRobinPolicy
 from servesim.workload.admission import Admission, AdmissionQueue
 from servesim.workload.agentic import AgenticGraph, AgenticQueue
-from servesim.workload.formats import TraceOptions, read_trace
+from servesim.workload.formats import (
+    DEFAULT_TRACE_BLOCK_SIZE,
+    TraceOptions,
+    canonical_format,
+    read_trace,
+)
+from servesim.workload.mooncake import STDIN
 from servesim.workload.request import Session
 from servesim.workload.sharing import mark_shared_blocks
+from servesim.workload.stream import StreamPlan, StreamQueue, stream_plan
 from servesim.workload.synthetic import synthetic_sessions
 
 
@@ -73,7 +80,11 @@ class RunConfig:
     otherwise ``num_workers`` aggregated workers run ``engine``.
     ``exact_passes`` steps every engine pass as its own event instead of
     fast-forwarding decode-only stretches (same results, slower; the oracle
-    fast-forward is tested against).
+    fast-forward is tested against). ``keep_records`` False keeps only
+    what the summary needs of each ended request (no per-request records
+    in the report). ``stream`` reads a one-turn Mooncake trace as the
+    replay goes (see :mod:`servesim.workload.stream`): None = when the file
+    is larger than :data:`STREAM_BYTES`.
     """
 
     trace: Path | None = None
@@ -101,6 +112,8 @@ class RunConfig:
     max_sim_time_ms: float | None = None
     seed: int = 42
     exact_passes: bool = False
+    keep_records: bool = True
+    stream: bool | None = None
 
     @property
     def disaggregated(self) -> bool:
@@ -249,7 +262,38 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+STREAM_BYTES = 64 << 20
+"""One-turn Mooncake traces larger than this are streamed (``RunConfig.stream`` None)."""
+
+
+def _stream_plan(config: RunConfig) -> StreamPlan | None:
+    trace = config.trace
+    if (
+        trace is None
+        or config.stream is False
+        or config.trace_shards
+        or canonical_format(config.trace_format) != "mooncake"
+    ):
+        return None
+    if config.stream is None:
+        try:
+            if trace == STDIN or trace.stat().st_size <= STREAM_BYTES:
+                return None
+        except OSError:
+            return None  # reading it reports the problem
+    return stream_plan(trace, closed_loop=config.replay_concurrency is not None)
+
+
 def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report:
+    plan = _stream_plan(config)
+    if plan is not None:
+        admission: Admission = StreamQueue(
+            plan,
+            trace_block_size=config.trace_block_size or DEFAULT_TRACE_BLOCK_SIZE,
+            concurrency=config.replay_concurrency,
+            speedup=config.arrival_speedup_ratio,
+        )
+        return _replay_with(config, admission, progress)
     workload = _workload(config)
     engine = config.prefill_engine or config.engine
     if engine.backend is not Backend.SGLANG:
@@ -261,8 +305,14 @@ def _replay(config: RunConfig, progress: Callable[[int], None] | None) -> Report
             else workload
         )
         mark_shared_blocks(sessions, engine.block_size)
-    admission = _admission(config, workload)
-    collector = Collector()
+    return _replay_with(config, _admission(config, workload), progress)
+
+
+def _replay_with(
+    config: RunConfig, admission: Admission, progress: Callable[[int], None] | None
+) -> Report:
+    engine = config.prefill_engine or config.engine
+    collector = Collector(keep_records=config.keep_records)
     ledger = Ledger(collector, admission, progress)
     completions: list[tuple[float, int, int]] = []
     disk = None

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from servesim.errors import TraceError
+from servesim.errors import ConfigError, TraceError
 from servesim.workload.admission import Released
 from servesim.workload.request import RequestSpec
 
@@ -190,7 +190,7 @@ class AgenticQueue:
 
     def __init__(self, graph: AgenticGraph, *, lanes: int | None = None) -> None:
         if lanes is not None and lanes < 1:
-            raise TraceError(f"agentic lanes must be at least 1, got {lanes}")
+            raise ConfigError(f"agentic lanes must be at least 1, got {lanes}")
         self.graph = graph
         nodes = graph.nodes
         self._children: list[list[tuple[int, Dependency]]] = [[] for _ in nodes]

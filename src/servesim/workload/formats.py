@@ -62,14 +62,6 @@ def canonical_format(name: str) -> str:
     return name
 
 
-def is_agentic(paths: list[Path], options: TraceOptions) -> bool | None:
-    """Whether the trace replays as an agentic graph (None: only reading a Dynamo trace tells)."""
-    fmt = canonical_format(options.trace_format)
-    if fmt == "agentic_mooncake":
-        return True
-    return None if fmt == "dynamo" else False
-
-
 def read_trace(paths: list[Path], options: TraceOptions) -> list[Session] | AgenticGraph:
     """Read the trace files in their format.
 

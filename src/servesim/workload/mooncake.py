@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from servesim.errors import TraceError
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
@@ -78,14 +78,27 @@ def _count(value: Any, what: str, where: str) -> int:
     return value
 
 
-def _parse_row(
+class TokenMap(Protocol):
+    """How hash ids become tokens (see :class:`Interner`)."""
+
+    def tokens(self, hash_ids: list[int]) -> tuple[int, ...]:
+        """The tokens of ``hash_ids``."""
+        ...
+
+
+def parse_row(
     obj: Any,
     where: str,
     line: int,
     trace_block_size: int,
-    interner: Interner,
+    interner: TokenMap,
     cache: BlockContentCache,
 ) -> _Row:
+    """One trace row, checked: its request, timestamp and delay.
+
+    Raises:
+        TraceError: naming ``where`` and the field at fault.
+    """
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     hash_ids = obj.get("hash_ids")
@@ -184,7 +197,7 @@ def _read_rows(path: Path, trace_block_size: int, cache: BlockContentCache) -> I
                     f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
                 ) from None
             first = False
-            yield _parse_row(obj, where, line_no, trace_block_size, interner, cache)
+            yield parse_row(obj, where, line_no, trace_block_size, interner, cache)
 
 
 def _not_jsonl(where: str, text: str) -> str:

@@ -27,6 +27,17 @@ class BlockContentCache:
         # sequence hashes of the engine blocks filling that trace block.
         self._chains: dict[tuple[int | None, int, int], tuple[int, ...]] = {}
 
+    def size(self) -> int:
+        """Entries held (a measure of its memory)."""
+        return len(self._hashes) + len(self._uniform) + len(self._chains)
+
+    def clear(self) -> None:
+        """Forget every entry: they are recomputed as needed (the hashes do not change)."""
+        self._hashes.clear()
+        self._uniform.clear()
+        self._by_size.clear()
+        self._chains.clear()
+
     def uniform_chain(
         self, parent: int | None, token: int, block_size: int, per_block: int
     ) -> tuple[int, ...]:
