@@ -196,7 +196,9 @@ def _check_agentic(config: RunConfig) -> None:
 
 def _admission(config: RunConfig, workload: list[Session] | AgenticGraph) -> Admission:
     if isinstance(workload, AgenticGraph):
-        return AgenticQueue(workload, lanes=config.agentic_lanes)
+        return AgenticQueue(
+            workload, lanes=config.agentic_lanes, speedup=config.arrival_speedup_ratio
+        )
     return AdmissionQueue(
         workload, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
     )

@@ -160,3 +160,40 @@ def test_dangling_parent_duplicate_self_and_cycle_are_refused() -> None:
             ("a", "p", 0.0, [("b", Trigger.COMPLETION, 0.0, "sequence")]),
             ("b", "p", 0.0, [("a", Trigger.COMPLETION, 0.0, "sequence")]),
         )
+
+
+def test_not_before_counts_from_the_earliest_and_holds_children_too() -> None:
+    """Roots at 10 and 50 (origin 10): released at 0 and 40; a child with not_before 100 waits
+    for 90 even though its parent completed at 20 (the reference's rule, probed)."""
+    queue = AgenticQueue(
+        _graph(
+            ("r", "p", 10.0, []),
+            ("c", "p", 100.0, [("r", Trigger.COMPLETION, 1.0, "sequence")]),
+            ("q", "p2", 50.0, []),
+        )
+    )
+    first = queue.release(0.0)
+    assert _ids(queue, first) == ["r"]
+    _end(queue, first, "r", 20.0)
+    assert queue.next_ready_ms(20.0) == 40.0
+    assert _ids(queue, queue.release(40.0)) == ["q"]
+    assert queue.next_ready_ms(40.0) == 90.0
+
+
+def test_speedup_divides_not_before_and_delays() -> None:
+    """Speed-up 2: a root at not_before 10 (origin 0, another node's) is released at 5, its
+    dispatch child (8 ms) at 9, its completion child (10 ms) 5 ms after it ends."""
+    queue = AgenticQueue(
+        _graph(
+            ("r", "p", 10.0, []),
+            ("c", "p", 0.0, [("r", Trigger.COMPLETION, 10.0, "sequence")]),
+            ("d", "p", 0.0, [("r", Trigger.DISPATCH, 8.0, "spawn")]),
+        ),
+        speedup=2.0,
+    )
+    assert queue.next_ready_ms(0.0) == 5.0
+    root = queue.release(5.0)
+    assert queue.next_ready_ms(5.0) == 9.0
+    assert _ids(queue, queue.release(9.0)) == ["d"]
+    _end(queue, root, "r", 40.0)
+    assert queue.next_ready_ms(40.0) == 45.0

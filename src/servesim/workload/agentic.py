@@ -13,8 +13,10 @@ Fan-out is several nodes depending on one parent; a join is one node
 depending on several. A play ends when its last node ends; its trajectory
 end-to-end latency is that end minus the play's start.
 
-Without lanes every play starts at the earliest ``not_before_ms`` of its
-roots (each root at its own). With ``lanes`` N, N plays run at once: plays are
+Without lanes every node waits for its ``not_before_ms`` too, counted from
+the earliest ``not_before_ms`` of the graph; a play starts when its first
+root does. ``not_before_ms`` and dependency delays are divided by the
+arrival speed-up, as the reference divides them. With ``lanes`` N, N plays run at once: plays are
 taken in string order of ``play_id`` (``play0, play1, play10, ...``, as the
 reference takes them), the first N start at 0 and each later one when a
 play ends, with its roots ready at that moment (``not_before_ms`` ignored).
@@ -188,11 +190,22 @@ class _Play:
 class AgenticQueue:
     """Releases an agentic graph's requests as their dependencies are met (the admission of agentic runs)."""
 
-    def __init__(self, graph: AgenticGraph, *, lanes: int | None = None) -> None:
+    def __init__(
+        self, graph: AgenticGraph, *, lanes: int | None = None, speedup: float = 1.0
+    ) -> None:
         if lanes is not None and lanes < 1:
             raise ConfigError(f"agentic lanes must be at least 1, got {lanes}")
+        if not (math.isfinite(speedup) and speedup > 0):
+            raise ConfigError(
+                f"arrival speedup ratio must be a finite positive number, got {speedup}"
+            )
         self.graph = graph
         nodes = graph.nodes
+        # As the reference: not_before times count from the earliest of any node, and they
+        # and every dependency delay are divided by the arrival speed-up.
+        origin = min(node.not_before_ms for node in nodes)
+        self._not_before = [(node.not_before_ms - origin) / speedup for node in nodes]
+        self._speedup = speedup
         self._children: list[list[tuple[int, Dependency]]] = [[] for _ in nodes]
         for i, node in enumerate(nodes):
             for dep in node.dependencies:
@@ -215,9 +228,9 @@ class AgenticQueue:
         if lanes is None:
             for p in range(len(self.plays)):
                 roots = self._roots(p)
-                self.plays[p].start_ms = min(nodes[i].not_before_ms for i in roots)
+                self.plays[p].start_ms = min(self._not_before[i] for i in roots)
                 for i in roots:
-                    self._push(nodes[i].not_before_ms, i)
+                    self._push(self._not_before[i], i)
         else:
             order = sorted(range(len(self.plays)), key=lambda p: self._play_ids[p])
             self._queued.extend(order)
@@ -267,14 +280,14 @@ class AgenticQueue:
         for child, dep in self._children[parent]:
             if dep.trigger is not trigger:
                 continue
-            at = now + dep.delay_ms
+            at = now + dep.delay_ms / self._speedup
             if at > self._ready_at[child]:
                 self._ready_at[child] = at
             self._waiting[child] -= 1
             if self._waiting[child] == 0:
                 ready = self._ready_at[child]
                 if self._lanes is None:
-                    ready = max(ready, self.graph.nodes[child].not_before_ms)
+                    ready = max(ready, self._not_before[child])
                 self._push(ready, child)
 
     def drained(self) -> bool:
