@@ -818,3 +818,23 @@ def test_unknown_trace_format_suggests_the_closest(
     assert code == 2
     assert "unknown trace format 'mooncake_delt'" in err
     assert "did you mean 'mooncake-delta'?" in err
+
+
+def test_dynamo_trace_mixing_agent_context_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Requests with and without agent_context in one trace: the reference refuses it too."""
+    lines = (FORMATS / "dynamo-agentic.jsonl").read_text().splitlines()
+    plain = (FORMATS / "dynamo-standard.jsonl").read_text().splitlines()[1]
+    trace = tmp_path / "mixed.jsonl"
+    trace.write_text("\n".join([*lines, plain]) + "\n")
+    _fails(
+        tmp_path,
+        capsys,
+        str(trace),
+        *("--trace-format", "dynamo", "--execution-model", "m"),
+        expect=[
+            f"{trace}:6: Dynamo request trace cannot mix requests with and without agent_context",
+            f"{trace}:1 has one",
+        ],
+    )

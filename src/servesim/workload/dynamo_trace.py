@@ -15,10 +15,11 @@ Every record carries the trace block size; all must agree (across shards
 too), and ``--trace-block-size``, if given, must equal it. A request arrives
 at ``request_received_ms``, shifted so that the first is at 0.
 
-A trace with agent tool calls (``tool_end`` records whose ``claude`` part
-names a ``child_session_id``) is an agentic graph, lowered as the reference
-lowers it (one play per root session, named ``dynamo-play:<its first
-request>``):
+A trace whose requests carry ``agent_context`` (all of them: the reference
+refuses a mix) is an agentic graph, lowered as the reference lowers it (one
+play per root session, named ``dynamo-play:<its first request>``); agent
+tool calls (``tool_end`` records whose ``claude`` part names a
+``child_session_id``) tie sub-agent sessions to their parents:
 
 - a session's request k waits for request k-1's completion, plus the gap the
   trace shows between k-1's end (received + total time) and k's receipt;
@@ -27,9 +28,8 @@ request>``):
 - the tool call's consumer request also joins the child session's last
   request: it waits for its completion plus the gap to the consumer's receipt.
 
-Otherwise the requests replay as Mooncake rows: each agent session's
-requests as turns of one session (the same gaps as think times), every other
-request on its own.
+Otherwise (no agent context at all) every request replays on its own, as a
+one-turn Mooncake row.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ class DynamoTrace:
 
     @property
     def agentic(self) -> bool:
-        """Whether agent tool calls make this trace a graph."""
-        return bool(self.tools)
+        """Whether agent context makes this trace a graph (every request has one, or none)."""
+        return bool(self.tools) or any(r.session is not None for r in self.requests)
 
 
 def read_dynamo(paths: list[Path], *, trace_block_size: int | None) -> DynamoTrace:
@@ -136,6 +136,13 @@ def read_dynamo(paths: list[Path], *, trace_block_size: int | None) -> DynamoTra
         raise TraceError(
             f"trace_block_size {trace_block_size} does not match embedded Dynamo request "
             f"trace block size {block_size} ({first_where})"
+        )
+    with_context = [r for r in requests if r.session is not None]
+    if with_context and len(with_context) < len(requests):
+        without = next(r for r in requests if r.session is None)
+        raise TraceError(
+            f"{without.where}: Dynamo request trace cannot mix requests with and without "
+            f"agent_context (this one has none; {with_context[0].where} has one)"
         )
     requests.sort(key=lambda r: r.received_ms)  # stable: shards and lines break ties
     return DynamoTrace(requests, tools, block_size)
@@ -245,28 +252,15 @@ def _spec(r: _Request, interner: Interner, cache: BlockContentCache) -> RequestS
 
 
 def dynamo_sessions(trace: DynamoTrace) -> list[Session]:
-    """The requests of a trace without agent tool calls, as Mooncake sessions."""
+    """The requests of a trace without agent context, each a one-turn Mooncake session."""
+    assert not trace.agentic
     interner, cache = Interner(), BlockContentCache()
     origin = trace.requests[0].received_ms
-    sessions: dict[str, tuple[Session, _Request]] = {}
     out: list[Session] = []
     for r in trace.requests:
         spec = _spec(r, interner, cache)
-        if r.session is None:
-            out.append(Session(turns=[spec], start_ms=r.received_ms - origin))
-            continue
-        spec.session_id = spec.affinity_key = r.session
-        held = sessions.get(r.session)
-        if held is None:
-            spec.turn_index = 0
-            session = Session(turns=[spec], start_ms=r.received_ms - origin)
-            out.append(session)
-        else:
-            session, previous = held
-            spec.turn_index = len(session.turns)
-            spec.delay_ms = max(0.0, r.received_ms - previous.end_ms)
-            session.turns.append(spec)
-        sessions[r.session] = (session, r)
+        spec.affinity_key = r.request_id
+        out.append(Session(turns=[spec], start_ms=r.received_ms - origin))
     return out
 
 
