@@ -197,3 +197,15 @@ def test_speedup_divides_not_before_and_delays() -> None:
     assert _ids(queue, queue.release(9.0)) == ["d"]
     _end(queue, root, "r", 40.0)
     assert queue.next_ready_ms(40.0) == 45.0
+
+
+def test_lanes_name_each_request_s_lane() -> None:
+    """A play takes the lane the play before it freed."""
+    queue = AgenticQueue(
+        _graph(("a", "pa", 0.0, []), ("b", "pb", 0.0, []), ("c", "pc", 0.0, [])), lanes=2
+    )
+    released = queue.release(0.0)
+    _end(queue, released, "b", 3.0)
+    queue.release(3.0)
+    lanes = {n.request_id: (n.spec.agentic or {}).get("lane_id") for n in queue.graph.nodes}
+    assert lanes == {"a": "lane:0", "b": "lane:1", "c": "lane:1"}

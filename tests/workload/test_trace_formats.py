@@ -233,3 +233,22 @@ def test_format_replays_on_topology_same_with_exact_passes(
         assert f.terminal_ms == pytest.approx(e.terminal_ms, abs=1e-9)
     if "execution_model" in options:
         assert fast.summary["completed_trajectories"] == fast.summary["total_trajectories"]
+
+
+def test_agentic_records_carry_the_reference_lineage() -> None:
+    """Each request of the Dynamo agent fixture names its conversation, play and root; the
+    sub-agent's first request names the request that spawned it (as the reference writes)."""
+    from servesim.metrics.report import request_row
+
+    records = _replay("dynamo-agentic.jsonl", trace_format="dynamo", execution_model="m")
+    rows = {r.request_id: request_row(r) for r in records}
+    play = "dynamo-play:parent-source"
+    assert rows["child-first"]["agentic"] == {
+        "conversation_id": "child",
+        "parent_id": "parent-source",
+        "play_id": play,
+        "request_id": "child-first",
+        "root_id": "parent-source",
+    }
+    assert "parent_id" not in rows["child-last"]["agentic"]
+    assert rows["child-first"]["dispatched_at_ms"] == 20.0

@@ -332,6 +332,7 @@ class Runtime:
                 spec.turn_index,
                 request_id=spec.request_id,
                 play_id=spec.trajectory,
+                agentic=spec.agentic,
             )
             self.ledger.open(record, item)
             self.flow.admit(record, item, now)

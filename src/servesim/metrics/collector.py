@@ -24,6 +24,7 @@ class RequestRecord:
     """What happened to one request, in virtual ms."""
 
     __slots__ = (
+        "agentic",
         "arrival_ms",
         "best_overlap_blocks",
         "decode_admit_ms",
@@ -69,8 +70,11 @@ class RequestRecord:
         turn_index: int | None,
         request_id: str | None = None,
         play_id: str | None = None,
+        agentic: dict[str, str] | None = None,
     ) -> None:
         self.uid = uid
+        # Its place in an agentic graph (see RequestSpec.agentic).
+        self.agentic = agentic
         # The trace's own request id and the agentic play (trajectory), when it names them.
         self.request_id = request_id
         self.play_id = play_id
@@ -245,6 +249,7 @@ class Collector:
         *,
         request_id: str | None = None,
         play_id: str | None = None,
+        agentic: dict[str, str] | None = None,
     ) -> RequestRecord:
         """A request reached the cluster; its uid is its arrival ordinal."""
         record = RequestRecord(
@@ -256,6 +261,7 @@ class Collector:
             turn_index,
             request_id,
             play_id,
+            agentic,
         )
         self._count += 1
         if self._keep:

@@ -20,7 +20,7 @@ def _uuid(uid: int) -> str:
 def request_row(r: RequestRecord) -> dict[str, Any]:
     """One per-request JSONL record (reference field names)."""
     lat = latencies(r)
-    row = {
+    row: dict[str, Any] = {
         "uuid": _uuid(r.uid),
         "session_id": r.session_id,
         "turn_index": r.turn_index,
@@ -58,6 +58,10 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         row["request_id"] = r.request_id
     if r.play_id is not None:
         row["play_id"] = r.play_id
+    if r.agentic is not None:
+        row["agentic"] = r.agentic
+        # An agentic request is dispatched when its dependencies release it: its arrival.
+        row["dispatched_at_ms"] = r.arrival_ms
     if r.first_host_reused is not None:
         # With a host tier: where the first admission's reused prefix came from.
         row["first_admission_g1_reused_input_tokens"] = r.first_reused - r.first_host_reused

@@ -152,7 +152,30 @@ def build_graph(
                 raise TraceError(f"{node.where}: request '{node.request_id}' depends on itself")
             node.dependencies.append(Dependency(parent, trigger, delay, relation))
     _check_acyclic(nodes)
-    return AgenticGraph(nodes=nodes, **graph)
+    out = AgenticGraph(nodes=nodes, **graph)
+    _name_lineage(out)
+    return out
+
+
+def _name_lineage(graph: AgenticGraph) -> None:
+    """Give each node's request the ids the reference reports with it: its play's first
+    root, and the request that spawned it (a ``spawn`` dependency's parent)."""
+    nodes = graph.nodes
+    for ids in graph.plays.values():
+        roots = [i for i in ids if not nodes[i].dependencies]
+        root = nodes[roots[0] if roots else ids[0]].request_id
+        for i in ids:
+            node = nodes[i]
+            lineage = {
+                "conversation_id": node.spec.session_id or node.request_id,
+                "play_id": node.play_id,
+                "request_id": node.request_id,
+                "root_id": root,
+            }
+            spawn = next((d for d in node.dependencies if d.relation == "spawn"), None)
+            if spawn is not None:
+                lineage["parent_id"] = nodes[spawn.parent].request_id
+            node.spec.agentic = lineage
 
 
 def _check_acyclic(nodes: list[Node]) -> None:
@@ -185,6 +208,7 @@ class _Play:
     left: int
     start_ms: float | None = None
     end_ms: float | None = None
+    lane: int | None = None
 
 
 class AgenticQueue:
@@ -234,14 +258,19 @@ class AgenticQueue:
         else:
             order = sorted(range(len(self.plays)), key=lambda p: self._play_ids[p])
             self._queued.extend(order)
-            for _ in range(min(lanes, len(order))):
-                self._start_play(self._queued.popleft(), 0.0)
+            for lane in range(min(lanes, len(order))):
+                self._start_play(self._queued.popleft(), 0.0, lane)
 
     def _roots(self, play: int) -> list[int]:
         return [i for i in self.plays[play].nodes if not self.graph.nodes[i].dependencies]
 
-    def _start_play(self, play: int, now: float) -> None:
-        self.plays[play].start_ms = now
+    def _start_play(self, play: int, now: float, lane: int) -> None:
+        state = self.plays[play]
+        state.start_ms, state.lane = now, lane
+        for i in state.nodes:  # the reference reports the lane with each request
+            agentic = self.graph.nodes[i].spec.agentic
+            if agentic is not None:
+                agentic["lane_id"] = f"lane:{lane}"
         for i in self._roots(play):
             self._push(now, i)
 
@@ -274,7 +303,8 @@ class AgenticQueue:
         if play.left == 0:
             play.end_ms = now
             if self._queued:
-                self._start_play(self._queued.popleft(), now)
+                assert play.lane is not None
+                self._start_play(self._queued.popleft(), now, play.lane)
 
     def _met(self, parent: int, trigger: Trigger, now: float) -> None:
         for child, dep in self._children[parent]:

@@ -259,6 +259,9 @@ class RequestSpec:
             prompt repeats them (delta and applied-compute turns); None otherwise.
         request_id: the trace's id of the request, when it names one.
         trajectory: the agentic play (trajectory) it belongs to, if any.
+        agentic: its place in an agentic graph as the reference reports it
+            (``conversation_id``, ``play_id``, ``request_id``, ``root_id``, and
+            ``parent_id`` for a spawned request); None outside one.
     """
 
     prompt: Prompt
@@ -272,6 +275,7 @@ class RequestSpec:
     sequence: Prompt | None = None
     request_id: str | None = None
     trajectory: str | None = None
+    agentic: dict[str, str] | None = None
 
     @property
     def input_length(self) -> int:
