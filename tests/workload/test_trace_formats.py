@@ -252,3 +252,17 @@ def test_agentic_records_carry_the_reference_lineage() -> None:
     }
     assert "parent_id" not in rows["child-last"]["agentic"]
     assert rows["child-first"]["dispatched_at_ms"] == 20.0
+
+
+def test_dynamo_background_tool_call_is_joined_too(tmp_path: Path) -> None:
+    """A ``background`` sub-agent still holds its consumer back, as the reference replays it
+    (probed: the same 149.210 ms as the blocking fixture)."""
+    trace = tmp_path / "background.jsonl"
+    trace.write_text(
+        (DATA / "dynamo-agentic.jsonl")
+        .read_text()
+        .replace('"execution_mode":"blocking"', '"execution_mode":"background"')
+    )
+    *_, child_last, consumer = _replay(str(trace), trace_format="dynamo", execution_model="m")
+    assert consumer.arrival_ms == pytest.approx(child_last.terminal_ms + 40.0, abs=1e-9)  # type: ignore[operator]
+    assert consumer.terminal_ms == pytest.approx(149.209672, abs=1e-6)

@@ -68,7 +68,6 @@ class _Tool:
     source: str
     consumer: str | None
     child_session: str
-    blocking: bool
     where: str
 
 
@@ -237,7 +236,6 @@ def _tool(obj: dict[str, Any], where: str) -> _Tool | None:
         source=str(source),
         consumer=None if consumer is None else str(consumer),
         child_session=str(claude["child_session_id"]),
-        blocking=claude.get("execution_mode", "blocking") == "blocking",
         where=where,
     )
 
@@ -298,7 +296,9 @@ def dynamo_graph(trace: DynamoTrace) -> AgenticGraph:
         gap = max(0.0, first.received_ms - source.received_ms)
         deps[first.request_id].append((source.request_id, Trigger.DISPATCH, gap, "spawn"))
         parent_of_session[tool.child_session] = source.request_id
-        if tool.blocking and tool.consumer is not None:
+        # Whatever its execution_mode (blocking or background), the reference joins the
+        # consumer to the sub-agent (probed).
+        if tool.consumer is not None:
             consumer = by_id.get(tool.consumer)
             if consumer is None:
                 raise TraceError(
