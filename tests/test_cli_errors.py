@@ -675,3 +675,166 @@ def test_negative_kv_event_lag(tmp_path: Path, capsys: pytest.CaptureFixture[str
         "-1",
         expect=["--kv-event-lag-ms", "-1"],
     )
+
+
+# ----- trace formats (issue 12): the reference's rules, one message each -----
+
+FORMATS = Path(__file__).resolve().parent / "data" / "replay_formats"
+V2_HEADER = {"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 4}
+
+
+def _node(rid: str, *parents: str) -> dict[str, Any]:
+    return {
+        "request_id": rid,
+        "play_id": "p",
+        "input_length": 4,
+        "output_length": 2,
+        "hash_ids": [1],
+        "dependencies": [{"request_id": p, "trigger": "completion"} for p in parents],
+    }
+
+
+def test_v1_agentic_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A v1 agentic file (rows, no header) fails on line 1, as the reference's loader does."""
+    trace = _trace(tmp_path, {**GOOD_ROW, "request_id": "a"})
+    _fails(
+        tmp_path,
+        capsys,
+        str(trace),
+        *("--trace-format", "agentic_mooncake", "--execution-model", "m"),
+        expect=[f"{trace}:1: failed to parse line 1 as the agentic Mooncake v2 header", "v1"],
+    )
+
+
+def test_agentic_with_replay_concurrency_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Agentic traces replay on their own schedule."""
+    _fails(
+        tmp_path,
+        capsys,
+        str(FORMATS / "agentic-mooncake.jsonl"),
+        *("--trace-format", "agentic_mooncake", "--execution-model", "m"),
+        *("--replay-concurrency", "2"),
+        expect=["--replay-concurrency does not apply", "--agentic-lanes"],
+    )
+
+
+def test_agentic_without_execution_model_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An agent Dynamo trace needs the target model, as an agentic Mooncake one does."""
+    _fails(
+        tmp_path,
+        capsys,
+        str(FORMATS / "dynamo-agentic.jsonl"),
+        *("--trace-format", "dynamo"),
+        expect=["agentic execution requires a configured target model", "--execution-model"],
+    )
+
+
+def test_applied_compute_without_concurrency_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its sessions carry no first-turn timestamps, so only closed loop can replay them."""
+    _fails(
+        tmp_path,
+        capsys,
+        str(FORMATS / "applied-compute-agentic.jsonl"),
+        *("--trace-format", "applied_compute_agentic"),
+        expect=[
+            "--trace-format=applied_compute_agentic requires --replay-concurrency",
+            "first-turn timestamps",
+        ],
+    )
+
+
+def test_trace_block_size_disagreeing_with_dynamo_trace_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The records say 4 tokens per hash; the flag may not say otherwise."""
+    _fails(
+        tmp_path,
+        capsys,
+        str(FORMATS / "dynamo-standard.jsonl"),
+        *("--trace-format", "dynamo", "--trace-block-size", "512"),
+        expect=[
+            "trace_block_size 512 does not match embedded Dynamo request trace block size 4",
+            "dynamo-standard.jsonl:2",
+        ],
+    )
+
+
+def test_dynamo_shards_with_different_block_sizes_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every shard of one trace has one block size."""
+    other = tmp_path / "other.jsonl"
+    other.write_text(
+        (FORMATS / "dynamo-standard.jsonl")
+        .read_text()
+        .replace('"trace_block_size":4', '"trace_block_size":8')
+    )
+    _fails(
+        tmp_path,
+        capsys,
+        str(FORMATS / "dynamo-standard.jsonl"),
+        str(other),
+        *("--trace-format", "dynamo"),
+        expect=[f"{other}:2: trace block size 8 differs from 4", "all shards must share one"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "expect"),
+    [
+        ([_node("a", "b"), _node("b", "a")], ":2: request 'a' is on a dependency cycle"),
+        ([_node("a"), _node("b", "ghost")], ":3: request 'b' depends on unknown request 'ghost'"),
+        ([_node("a"), _node("a")], ":3: duplicate request_id 'a'"),
+    ],
+    ids=["cycle", "dangling", "duplicate"],
+)
+def test_bad_agentic_graph_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: list[dict[str, Any]], expect: str
+) -> None:
+    """A graph that could never finish (or is ambiguous) names the line and request."""
+    trace = _trace(tmp_path, V2_HEADER, *rows)
+    _fails(
+        tmp_path,
+        capsys,
+        str(trace),
+        *("--trace-format", "agentic_mooncake", "--execution-model", "m"),
+        expect=[f"{trace}{expect}"],
+    )
+
+
+def test_unknown_trace_format_suggests_the_closest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A misspelt format lists the formats and the nearest one."""
+    code, err = _run(
+        tmp_path, capsys, str(FORMATS / "mooncake.jsonl"), "--trace-format", "mooncake_delt"
+    )
+    assert code == 2
+    assert "unknown trace format 'mooncake_delt'" in err
+    assert "did you mean 'mooncake-delta'?" in err
+
+
+def test_dynamo_trace_mixing_agent_context_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Requests with and without agent_context in one trace: the reference refuses it too."""
+    lines = (FORMATS / "dynamo-agentic.jsonl").read_text().splitlines()
+    plain = (FORMATS / "dynamo-standard.jsonl").read_text().splitlines()[1]
+    trace = tmp_path / "mixed.jsonl"
+    trace.write_text("\n".join([*lines, plain]) + "\n")
+    _fails(
+        tmp_path,
+        capsys,
+        str(trace),
+        *("--trace-format", "dynamo", "--execution-model", "m"),
+        expect=[
+            f"{trace}:6: Dynamo request trace cannot mix requests with and without agent_context",
+            f"{trace}:1 has one",
+        ],
+    )

@@ -106,7 +106,7 @@ def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
             ["repaly"],
             [
                 "servesim: error: argument command: invalid choice: 'repaly' (choose from "
-                "'replay', 'keys', 'report'); did you mean 'replay'?",
+                "'replay', 'keys', 'report', 'trace'); did you mean 'replay'?",
                 "try 'servesim --help'",
             ],
         ),
@@ -212,7 +212,11 @@ def test_replay_help_groups_defaults_and_examples(capsys: pytest.CaptureFixture[
     ]
     flat = " ".join(out.split())
     assert "how requests are placed on workers (default: round_robin)" in flat
-    assert "--trace-block-size N tokens per hash id (default: 512)" in flat
+    assert (
+        "--trace-block-size N tokens per hash id (default 512; dynamo and agentic_mooncake "
+        "traces carry their own)" in flat
+    )
+    assert "--trace-format FORMAT trace format: mooncake, mooncake-delta" in flat
     assert "--num-workers N aggregated workers (default: 1)" in flat
     assert "(default: None)" not in flat and "(default: False)" not in flat
     examples = out[out.index("examples:") :].splitlines()

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import math
 import os
 import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -43,11 +44,13 @@ from servesim.config import (
 )
 from servesim.errors import ConfigError, ServesimError
 from servesim.metrics.html import write_html
-from servesim.metrics.report import read_report_json, write_samples_jsonl
+from servesim.metrics.report import read_report_json, write_lines, write_samples_jsonl
 from servesim.metrics.summary import Sla
 from servesim.metrics.terminal import render_text, renderables
 from servesim.simulation import RunConfig, SyntheticWorkload, run
+from servesim.workload.formats import FORMATS, TraceOptions, canonical_format
 from servesim.workload.mooncake import STDIN
+from servesim.workload.toolkit import CSV_FORMATS, convert_to_mooncake, render_stats, trace_stats
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)")
 
@@ -207,7 +210,97 @@ def build_parser() -> _Parser:
     keys.set_defaults(command_parser=keys)
     report.set_defaults(command_parser=report)
     _add_replay_arguments(p)
+    _add_trace_commands(sub)
     return parser
+
+
+_TRACE_EXAMPLES = """\
+examples:
+  servesim trace stats examples/mooncake_conversation_200.jsonl
+  servesim trace stats shard0.jsonl.gz shard1.jsonl.gz --trace-format dynamo --json
+  servesim trace convert delta.jsonl --from mooncake-delta -o full.jsonl
+  servesim trace convert AzureLLMInferenceTrace_conv.csv --from azure -o azure.jsonl
+  servesim trace convert BurstGPT_1.csv --from burstgpt -o burstgpt.jsonl
+"""
+
+
+def _add_trace_commands(sub: Any) -> None:
+    trace = sub.add_parser(
+        "trace",
+        help="describe a trace, or convert one to Mooncake JSONL",
+        description="Describe a trace, or convert one to Mooncake JSONL.",
+        epilog=_TRACE_EXAMPLES,
+    )
+    trace.set_defaults(command_parser=trace)
+    tsub = trace.add_subparsers(dest="trace_command", required=True, parser_class=_Parser)
+    stats = tsub.add_parser(
+        "stats",
+        help="requests, sessions, length percentiles, reuse potential, arrival rate",
+        description="Requests, sessions, input/output length percentiles, reuse potential\n"
+        "(the share of prompt tokens an unbounded prefix cache could serve) and\n"
+        "arrival rate over time, of a trace in any format servesim replays.",
+        epilog=_TRACE_EXAMPLES,
+    )
+    stats.set_defaults(command_parser=stats)
+    stats.add_argument("trace_files", nargs="+", type=Path, metavar="TRACE", help="trace file(s)")
+    _add_trace_reading(stats, "--trace-format", "the trace's format")
+    stats.add_argument(
+        "--reuse-block-size",
+        metavar="N",
+        type=_positive_int,
+        help="block size of the reuse estimate (default: the trace block size)",
+    )
+    stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    convert = tsub.add_parser(
+        "convert",
+        help="convert a trace (a servesim format, Azure or BurstGPT CSV) to Mooncake JSONL",
+        description="Convert a trace to Mooncake JSONL: from a format servesim replays\n"
+        "(each request with its whole prompt), or from the Azure LLM inference or\n"
+        "BurstGPT CSV traces (lengths only: new hash ids, no prefix sharing).",
+        epilog=_TRACE_EXAMPLES,
+    )
+    convert.set_defaults(command_parser=convert)
+    convert.add_argument("trace_files", nargs="+", type=Path, metavar="TRACE", help="input file(s)")
+    _add_trace_reading(
+        convert, "--from", f"input format: {', '.join((*FORMATS, *CSV_FORMATS))}", csv=True
+    )
+    convert.add_argument("--to", choices=["mooncake"], default="mooncake", help="output format")
+    convert.add_argument(
+        "-o", "--output", metavar="FILE", type=Path, required=True, help="output file (- = stdout)"
+    )
+
+
+def _add_trace_reading(
+    p: argparse.ArgumentParser, flag: str, help_text: str, *, csv: bool = False
+) -> None:
+    p.add_argument(
+        flag,
+        dest="trace_format",
+        metavar="FORMAT",
+        type=_source_format if csv else _trace_format,
+        default="mooncake",
+        help=help_text,
+    )
+    p.add_argument(
+        "--trace-block-size",
+        metavar="N",
+        type=_positive_int,
+        help="tokens per hash id (default 512; dynamo and agentic_mooncake traces carry their own)",
+    )
+    p.add_argument(
+        "--trace-shared-prefix-ratio",
+        metavar="R",
+        type=_fraction,
+        default=0.0,
+        help="applied_compute_agentic: shared prefix fraction",
+    )
+    p.add_argument(
+        "--trace-num-prefix-groups",
+        metavar="N",
+        type=_integer(0, "a non-negative integer"),
+        default=0,
+        help="applied_compute_agentic: prefix groups",
+    )
 
 
 def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
@@ -217,14 +310,44 @@ def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
         nargs="*",
         type=Path,
         metavar="TRACE",
-        help="Mooncake JSONL trace, gzip-compressed or not; - reads it from stdin",
+        help="trace file, gzip-compressed or not (several shards for --trace-format dynamo); "
+        "- reads it from stdin",
+    )
+    w.add_argument(
+        "--trace-format",
+        metavar="FORMAT",
+        type=_trace_format,
+        default="mooncake",
+        help=f"trace format: {', '.join(FORMATS)}",
     )
     w.add_argument(
         "--trace-block-size",
         metavar="N",
         type=_positive_int,
-        default=512,
-        help="tokens per hash id",
+        help="tokens per hash id (default 512; dynamo and agentic_mooncake traces carry their own)",
+    )
+    w.add_argument(
+        "--trace-shared-prefix-ratio",
+        metavar="R",
+        type=_fraction,
+        help="applied_compute_agentic: fraction of each session's first prompt shared in its group",
+    )
+    w.add_argument(
+        "--trace-num-prefix-groups",
+        metavar="N",
+        type=_integer(0, "a non-negative integer"),
+        help="applied_compute_agentic: prefix groups (line i is in group i mod N; 0 = none)",
+    )
+    w.add_argument(
+        "--execution-model",
+        metavar="NAME",
+        help="agentic traces: the model every request runs on (required for them)",
+    )
+    w.add_argument(
+        "--agentic-lanes",
+        metavar="N",
+        type=_positive_int,
+        help="agentic traces: keep N plays in flight, taken in play_id order",
     )
     w.add_argument(
         "--arrival-speedup-ratio",
@@ -426,14 +549,21 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         if given:
             verb = "applies" if len(given) == 1 else "apply"
             parser.error(f"{', '.join(given)} only {verb} to synthetic replay")
-        if len(args.trace_files) != 1:
-            parser.error(f"exactly one trace file is supported, got {len(args.trace_files)}")
+        if args.trace_format != "dynamo" and len(args.trace_files) != 1:
+            parser.error(
+                f"--trace-format={args.trace_format} requires exactly one trace file, "
+                f"got {len(args.trace_files)}"
+            )
         trace = args.trace_files[0]
-        if trace == STDIN:
-            if sys.stdin.isatty():
-                parser.error("the trace is to be read from stdin ('-'), but stdin is a terminal")
-        elif not trace.is_file():
-            parser.error(f"trace file not found: {trace}")
+        for path in args.trace_files:
+            if path == STDIN:
+                if sys.stdin.isatty():
+                    parser.error(
+                        "the trace is to be read from stdin ('-'), but stdin is a terminal"
+                    )
+            elif not path.is_file():
+                parser.error(f"trace file not found: {path}")
+        _check_trace_flags(args, parser)
     else:
         names = ("--input-tokens", "--output-tokens", "--request-count")
         missing = [n for n, v in zip(names, synthetic_flags, strict=True) if v is None]
@@ -477,8 +607,14 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     engines = _engines(args, parser)
     return RunConfig(
         trace=trace,
+        trace_shards=tuple(args.trace_files[1:]),
+        trace_format=args.trace_format,
         synthetic=synthetic,
         trace_block_size=args.trace_block_size,
+        trace_shared_prefix_ratio=args.trace_shared_prefix_ratio or 0.0,
+        trace_num_prefix_groups=args.trace_num_prefix_groups or 0,
+        execution_model=args.execution_model,
+        agentic_lanes=args.agentic_lanes,
         arrival_speedup_ratio=args.arrival_speedup_ratio,
         replay_concurrency=args.replay_concurrency,
         num_workers=args.num_workers or 1,
@@ -488,7 +624,10 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         router=_router(args, parser),
         session_affinity=args.session_affinity,
         kv_event_lag_ms=args.kv_event_lag_ms,
-        **engines,
+        engine=engines.get("engine", EngineConfig()),
+        prefill_engine=engines.get("prefill_engine"),
+        decode_engine=engines.get("decode_engine"),
+        keep_records=args.per_request_jsonl is not None,
         sla=Sla(ttft_ms=args.sla_ttft_ms, itl_ms=args.sla_itl_ms, e2e_ms=args.sla_e2e_ms),
         max_sim_time_ms=None
         if args.max_sim_time_seconds is None
@@ -497,6 +636,97 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         exact_passes=args.exact_passes,
         telemetry_interval_ms=args.telemetry_interval_ms,
     )
+
+
+def _trace_format(text: str) -> str:
+    try:
+        return canonical_format(text)
+    except ConfigError:
+        hint = _did_you_mean(text, FORMATS, quote="'")
+        raise argparse.ArgumentTypeError(
+            f"unknown trace format '{text}' (expected one of {', '.join(FORMATS)}){hint}"
+        ) from None
+
+
+def _source_format(text: str) -> str:
+    if text in CSV_FORMATS:
+        return text
+    try:
+        return canonical_format(text)
+    except ConfigError:
+        known = (*FORMATS, *CSV_FORMATS)
+        hint = _did_you_mean(text, known, quote="'")
+        raise argparse.ArgumentTypeError(
+            f"unknown trace format '{text}' (expected one of {', '.join(known)}){hint}"
+        ) from None
+
+
+def _trace_command(args: argparse.Namespace) -> int:
+    """``servesim trace stats`` / ``servesim trace convert``."""
+    options = TraceOptions(
+        trace_format=args.trace_format if args.trace_format not in CSV_FORMATS else "mooncake",
+        trace_block_size=args.trace_block_size,
+        shared_prefix_ratio=args.trace_shared_prefix_ratio,
+        num_prefix_groups=args.trace_num_prefix_groups,
+        closed_loop=True,  # describing or converting needs no timestamps
+    )
+    for path in args.trace_files:
+        if path != STDIN and not path.is_file():
+            raise ConfigError(f"trace file not found: {path}")
+    if args.trace_command == "stats":
+        stats = trace_stats(args.trace_files, options, block_size=args.reuse_block_size or 0)
+        print(json.dumps(stats, indent=2) if args.json else render_stats(stats))
+        return 0
+    count = 0
+
+    def counted() -> Iterator[str]:
+        nonlocal count
+        for line in convert_to_mooncake(args.trace_files, args.trace_format, options):
+            count += 1
+            yield line
+
+    if args.output == STDIN:
+        sys.stdout.writelines(counted())
+    else:
+        check_writable(args.output, "--output")
+        write_lines(args.output, counted())
+    where = "<stdout>" if args.output == STDIN else str(args.output)
+    print(f"wrote {count:,} Mooncake rows to {where}", file=sys.stderr)
+    return 0
+
+
+def _check_trace_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Trace flags that only some formats take, refused (as the reference does) elsewhere."""
+    fmt = args.trace_format
+    if fmt == "applied_compute_agentic" and args.replay_concurrency is None:
+        parser.error(
+            "--trace-format=applied_compute_agentic requires --replay-concurrency because the "
+            "source traces do not include first-turn timestamps"
+        )
+    if fmt != "applied_compute_agentic":
+        for flag, dest in (
+            ("--trace-shared-prefix-ratio", "trace_shared_prefix_ratio"),
+            ("--trace-num-prefix-groups", "trace_num_prefix_groups"),
+        ):
+            if getattr(args, dest) is not None:
+                parser.error(f"{flag} only applies to --trace-format=applied_compute_agentic")
+    if fmt == "agentic_mooncake":
+        if args.replay_concurrency is not None:
+            parser.error(
+                "--trace-format=agentic_mooncake replays on the trace's own schedule: "
+                "--replay-concurrency does not apply (use --agentic-lanes)"
+            )
+        if not args.execution_model:
+            parser.error(
+                "agentic execution requires a configured target model: give --execution-model NAME"
+            )
+    if fmt not in ("agentic_mooncake", "dynamo"):
+        for flag, dest in (
+            ("--execution-model", "execution_model"),
+            ("--agentic-lanes", "agentic_lanes"),
+        ):
+            if getattr(args, dest) is not None:
+                parser.error(f"{flag} only applies to agentic traces (agentic_mooncake, dynamo)")
 
 
 def _router(args: argparse.Namespace, parser: argparse.ArgumentParser) -> RouterConfig:
@@ -734,6 +964,15 @@ def _main(argv: Sequence[str] | None) -> int:
         return 0
     if args.command == "report":
         return _report_command(args)
+    if args.command == "trace":
+        try:
+            return _trace_command(args)
+        except ServesimError as exc:
+            print(f"servesim: error: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"servesim: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+            return 2
     # As the reference: an existing directory gets the report inside it.
     if args.report_json is not None and args.report_json.is_dir():
         args.report_json = args.report_json / "servesim_report.json"

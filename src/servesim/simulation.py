@@ -31,6 +31,7 @@ from servesim.metrics.report import (
     write_requests_jsonl,
 )
 from servesim.metrics.series import PoolShape, build_series
+from servesim.metrics.stats import describe
 from servesim.metrics.summary import Cost, Sla, summarize
 from servesim.metrics.telemetry import Telemetry, TrafficWindow
 from servesim.metrics.terminal import render_text
@@ -39,10 +40,18 @@ from servesim.router.affinity import SessionAffinity
 from servesim.router.indexer import KvIndexer
 from servesim.router.kv_router import KvRouter
 from servesim.router.routing import KvPolicy, PlacementPolicy, RoundRobinPolicy
-from servesim.workload.admission import AdmissionQueue
-from servesim.workload.mooncake import STDIN, read_mooncake
+from servesim.workload.admission import Admission, AdmissionQueue
+from servesim.workload.agentic import AgenticGraph, AgenticQueue
+from servesim.workload.formats import (
+    DEFAULT_TRACE_BLOCK_SIZE,
+    TraceOptions,
+    canonical_format,
+    read_trace,
+)
+from servesim.workload.mooncake import STDIN
 from servesim.workload.request import Session
 from servesim.workload.sharing import mark_shared_blocks
+from servesim.workload.stream import StreamPlan, StreamQueue, stream_plan
 from servesim.workload.synthetic import synthetic_sessions
 
 
@@ -74,7 +83,12 @@ class SyntheticWorkload:
 class RunConfig:
     """Everything one replay needs.
 
-    Exactly one of ``trace`` and ``synthetic`` describes the workload. The
+    Exactly one of ``trace`` and ``synthetic`` describes the workload; a
+    ``dynamo`` trace may have more shards in ``trace_shards``.
+    ``trace_block_size`` None means the format's own (512 for Mooncake-like
+    formats; the records' or header's for ``dynamo`` and ``agentic_mooncake``).
+    Agentic traces replay against ``execution_model``, with at most
+    ``agentic_lanes`` plays in flight when set. The
     run is disaggregated when ``prefill_engine`` and ``decode_engine`` are
     given (with ``num_prefill_workers`` and ``num_decode_workers``);
     otherwise ``num_workers`` aggregated workers run ``engine``.
@@ -82,12 +96,22 @@ class RunConfig:
     fast-forwarding decode-only stretches (same results, slower; the oracle
     fast-forward is tested against). ``telemetry_interval_ms`` turns on
     telemetry samples (:mod:`servesim.metrics.telemetry`) into the report's
-    ``telemetry`` section.
+    ``telemetry`` section. ``keep_records`` False keeps only what the summary
+    needs of each ended request (no per-request records in the report).
+    ``stream`` reads a one-turn Mooncake trace as the replay goes (see
+    :mod:`servesim.workload.stream`): None = when the file is larger than
+    :data:`STREAM_BYTES`.
     """
 
     trace: str | os.PathLike[str] | None = None
+    trace_shards: tuple[Path, ...] = ()
+    trace_format: str = "mooncake"
     synthetic: SyntheticWorkload | None = None
-    trace_block_size: int = 512
+    trace_block_size: int | None = None
+    trace_shared_prefix_ratio: float = 0.0
+    trace_num_prefix_groups: int = 0
+    execution_model: str | None = None
+    agentic_lanes: int | None = None
     arrival_speedup_ratio: float = 1.0
     replay_concurrency: int | None = None
     num_workers: int = 1
@@ -105,6 +129,8 @@ class RunConfig:
     seed: int = 42
     exact_passes: bool = False
     telemetry_interval_ms: float | None = None
+    keep_records: bool = True
+    stream: bool | None = None
 
     def __post_init__(self) -> None:
         if self.trace is not None and not isinstance(self.trace, Path):
@@ -200,15 +226,25 @@ class Report:
             write_html(Path(html_path), self.document())
 
 
-def _sessions(config: RunConfig) -> list[Session]:
+def _workload(config: RunConfig) -> list[Session] | AgenticGraph:
     if (config.trace is None) == (config.synthetic is None):
         raise ConfigError("give either a trace file or a synthetic workload, not both or neither")
     if config.trace_path is not None:
-        return read_mooncake(
-            config.trace_path,
-            trace_block_size=config.trace_block_size,
-            need_timestamps=config.replay_concurrency is None,
+        workload = read_trace(
+            [config.trace_path, *config.trace_shards],
+            TraceOptions(
+                trace_format=config.trace_format,
+                trace_block_size=config.trace_block_size,
+                shared_prefix_ratio=config.trace_shared_prefix_ratio,
+                num_prefix_groups=config.trace_num_prefix_groups,
+                closed_loop=config.replay_concurrency is not None,
+            ),
         )
+        if isinstance(workload, AgenticGraph):
+            _check_agentic(config)
+        elif config.agentic_lanes is not None:
+            raise ConfigError("--agentic-lanes applies to agentic traces only")
+        return workload
     syn = config.synthetic
     assert syn is not None
     paces = [
@@ -239,6 +275,54 @@ def _sessions(config: RunConfig) -> list[Session]:
         shared_prefix_ratio=syn.shared_prefix_ratio,
         num_prefix_groups=syn.num_prefix_groups,
     )
+
+
+def _check_agentic(config: RunConfig) -> None:
+    """The reference's rules for replaying an agentic graph."""
+    if config.replay_concurrency is not None:
+        raise ConfigError(
+            "agentic traces replay on their own schedule: --replay-concurrency does not apply "
+            "(use --agentic-lanes to cap plays in flight)"
+        )
+    if not config.execution_model:
+        raise ConfigError(
+            "agentic execution requires a configured target model: give --execution-model NAME"
+        )
+
+
+def _admission(config: RunConfig, workload: list[Session] | AgenticGraph) -> Admission:
+    if isinstance(workload, AgenticGraph):
+        return AgenticQueue(
+            workload, lanes=config.agentic_lanes, speedup=config.arrival_speedup_ratio
+        )
+    return AdmissionQueue(
+        workload, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
+    )
+
+
+def _trajectory_summary(queue: AgenticQueue, target_model: str) -> dict[str, Any]:
+    """The report's trajectory keys, as the reference names them."""
+    latencies = queue.trajectory_latencies()
+    total = len(queue.plays)
+    out: dict[str, Any] = {
+        "total_trajectories": total,
+        "completed_trajectories": len(latencies),
+        "incomplete_trajectories": total - len(latencies),
+    }
+    stats = describe(latencies)
+    for stat, value in stats.items():
+        out[f"{stat}_trajectory_e2e_latency_ms"] = value
+    out["p50_trajectory_e2e_latency_ms"] = stats["median"]
+    graph = queue.graph.summary()
+    out["agentic_graph"] = graph
+    out["agentic_play_outcomes"] = queue.play_outcomes()
+    out["agentic_lifecycle_event_count"] = queue.lifecycle_event_count()
+    out["agentic_model_projection"] = {
+        "policy": "project_to_configured_target",
+        "source_models": graph["source_models"],
+        "target_model": target_model,
+    }
+    return out
 
 
 def run(
@@ -287,23 +371,73 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+STREAM_BYTES = 64 << 20
+"""One-turn Mooncake traces larger than this are streamed (``RunConfig.stream`` None)."""
+
+
+def _stream_plan(config: RunConfig) -> StreamPlan | None:
+    trace = config.trace_path
+    if (
+        trace is None
+        or config.stream is False
+        or config.trace_shards
+        or canonical_format(config.trace_format) != "mooncake"
+    ):
+        return None
+    if config.stream is None:
+        try:
+            if trace == STDIN or trace.stat().st_size <= STREAM_BYTES:
+                return None
+        except OSError:
+            return None  # reading it reports the problem
+    return stream_plan(trace, closed_loop=config.replay_concurrency is not None)
+
+
 def _replay(
     config: RunConfig,
     progress: Callable[[int, int], None] | None,
     scaling: ScalingPolicy | None = None,
 ) -> Report:
-    sessions = _sessions(config)
-    total = sum(len(s.turns) for s in sessions)
-    hook = None if progress is None else functools.partial(_report_progress, progress, total)
+    plan = _stream_plan(config)
+    if plan is not None:
+        admission: Admission = StreamQueue(
+            plan,
+            trace_block_size=config.trace_block_size or DEFAULT_TRACE_BLOCK_SIZE,
+            concurrency=config.replay_concurrency,
+            speedup=config.arrival_speedup_ratio,
+        )
+        return _replay_with(config, admission, (plan.rows, plan.rows), progress, scaling)
+    workload = _workload(config)
     engine = config.prefill_engine or config.engine
     if engine.backend is not Backend.SGLANG:
         # The vLLM block pool hashes only blocks another request could match (the
         # radix cache keys every page by its content, so SGLang needs no such look-ahead).
+        sessions = (
+            [Session(turns=[n.spec for n in workload.nodes])]
+            if isinstance(workload, AgenticGraph)
+            else workload
+        )
         mark_shared_blocks(sessions, engine.block_size)
-    admission = AdmissionQueue(
-        sessions, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
-    )
-    collector = Collector()
+    if isinstance(workload, AgenticGraph):
+        counts = (len(workload.plays), len(workload.nodes))
+    else:
+        counts = (len(workload), sum(len(s.turns) for s in workload))
+    return _replay_with(config, _admission(config, workload), counts, progress, scaling)
+
+
+def _replay_with(
+    config: RunConfig,
+    admission: Admission,
+    counts: tuple[int, int],
+    progress: Callable[[int, int], None] | None,
+    scaling: ScalingPolicy | None,
+) -> Report:
+    """Replay ``admission``'s requests; ``counts``: the workload's sessions (or plays) and
+    requests."""
+    sessions, total = counts
+    hook = None if progress is None else functools.partial(_report_progress, progress, total)
+    engine = config.prefill_engine or config.engine
+    collector = Collector(keep_records=config.keep_records)
     ledger = Ledger(collector, admission, hook)
     completions: list[tuple[float, int, int]] = []
     disk = None
@@ -326,6 +460,9 @@ def _replay(
         summary["g3_offload"] = disk.summary()
     if shared_host is not None:
         summary["g2_domains"] = [shared_host.occupancy()]
+    if isinstance(admission, AgenticQueue):
+        assert config.execution_model is not None
+        summary.update(_trajectory_summary(admission, config.execution_model))
     sections: dict[str, Any] = {"telemetry": telemetry.section()} if telemetry is not None else {}
     if scaling is not None:
         sections["lifecycle_transitions"] = [
@@ -341,7 +478,7 @@ def _replay(
     return Report(
         summary=summary,
         run=describe_run(
-            config, sessions=len(sessions), requests=total, time_limited=outcome.time_limited
+            config, sessions=sessions, requests=total, time_limited=outcome.time_limited
         ),
         series=build_series(
             collector.records, pool_shapes(config, [len(p.workers) for p in flow.pools])

@@ -49,6 +49,10 @@ KNOWN_DIFFERENCES = frozenset(
         # One disk probe fewer in 8,199 on agg_offload_disk (every time and count
         # the probes lead to agrees); the extra probe's cause is not pinned down.
         "g3_offload.lookup_probes",
+        # Digests of the reference's own serialisation of the agentic graph and of its
+        # lifecycle events, which is not public: servesim digests its own.
+        "agentic_graph.graph_digest",
+        "agentic_lifecycle_digest",
     }
 )
 
@@ -176,6 +180,18 @@ _SYNTHETIC_FLAGS = {
 }
 
 
+# A scenario's trace keys and servesim's flags for them (each passed only when set).
+_TRACE_FLAGS = {
+    "trace_format": "--trace-format",
+    "trace_shared_prefix_ratio": "--trace-shared-prefix-ratio",
+    "trace_num_prefix_groups": "--trace-num-prefix-groups",
+    "agentic_lanes": "--agentic-lanes",
+    "execution_model": "--execution-model",
+}
+# Formats whose trace block size defaults to 512 (the others carry their own).
+_MOONCAKE_LIKE = {"mooncake", "mooncake-delta", "mooncake_delta", "applied_compute_agentic"}
+
+
 def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
     """servesim's command line for a scenario, as ``refcheck.py argv`` builds it.
 
@@ -190,6 +206,7 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
         "synthetic", "replay_concurrency", "router_mode", "router_config", "num_workers",
         "engine", "num_prefill_workers", "num_decode_workers", "prefill_engine",
         "decode_engine", "servesim_engine_overrides", "kv_event_lag_ms", "telemetry_options",
+        *_TRACE_FLAGS,
     }  # fmt: skip
     unknown = sorted(set(sc.spec) - known)
     if unknown:
@@ -201,7 +218,11 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
     argv = ["replay"]
     if "trace" in spec:
         argv += [str(write_trace(spec, workdir))]
-        argv += ["--trace-block-size", str(spec.get("trace_block_size", 512))]
+        if spec.get("trace_format", "mooncake") in _MOONCAKE_LIKE or "trace_block_size" in spec:
+            argv += ["--trace-block-size", str(spec.get("trace_block_size", 512))]
+        for key, flag in _TRACE_FLAGS.items():
+            if spec.get(key) is not None:
+                argv += [flag, str(spec[key])]
         if spec.get("arrival_speedup_ratio", 1.0) != 1.0:
             argv += ["--arrival-speedup-ratio", str(spec["arrival_speedup_ratio"])]
     else:
@@ -300,6 +321,10 @@ def flatten(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     for key, value in summary.items():
         if isinstance(value, Mapping):
             out.update(flatten(value, f"{prefix}{key}."))
+        elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+            # A list of objects (agentic_play_outcomes): each by its index.
+            for i, item in enumerate(value):
+                out.update(flatten(item, f"{prefix}{key}.{i}."))
         else:
             out[f"{prefix}{key}"] = value
     return out

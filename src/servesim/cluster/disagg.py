@@ -355,7 +355,11 @@ class DisaggregatedFlow:
             # The destination may reuse a prompt prefix resident on its rank: it
             # matches the prompt's shareable blocks, hashed as on the prefill side.
             request = EngineRequest(
-                uid, spec.prompt, spec.output_length, shared_blocks=spec.shared_blocks
+                uid,
+                spec.prompt,
+                spec.output_length,
+                shared_blocks=spec.shared_blocks,
+                sequence=spec.sequence,
             )
             if handoff.prefill_request is not None:
                 request.hashes = handoff.prefill_request.hashes.copy()

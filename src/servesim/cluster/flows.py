@@ -225,7 +225,11 @@ class AggregatedFlow:
                 if self._ledger.traffic is not None:
                     self._ledger.traffic.on_routed(routed.overlap_blocks, route.blocks)
             request = EngineRequest(
-                routed.uid, spec.prompt, spec.output_length, shared_blocks=spec.shared_blocks
+                routed.uid,
+                spec.prompt,
+                spec.output_length,
+                shared_blocks=spec.shared_blocks,
+                sequence=spec.sequence,
             )
             request.hashes = route.hashes.copy()
             self._pool.submit(routed.worker, routed.rank, request, now)

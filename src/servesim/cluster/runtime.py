@@ -40,7 +40,7 @@ from servesim.engine.worker import PassOutputs, Worker
 from servesim.errors import SimulationError
 from servesim.metrics.collector import Collector, RequestRecord, Terminal
 from servesim.metrics.telemetry import PoolView, Telemetry, TrafficWindow
-from servesim.workload.admission import AdmissionQueue, Released
+from servesim.workload.admission import Admission, Released
 
 ProgressHook = Callable[[int], None]
 
@@ -249,7 +249,7 @@ class Ledger:
     """Requests in flight: their records, how the workload released them, and their end."""
 
     def __init__(
-        self, collector: Collector, admission: AdmissionQueue, progress: ProgressHook | None
+        self, collector: Collector, admission: Admission, progress: ProgressHook | None
     ) -> None:
         self.collector = collector
         self._admission = admission
@@ -391,7 +391,7 @@ class Runtime:
     def __init__(
         self,
         flow: Flow,
-        admission: AdmissionQueue,
+        admission: Admission,
         ledger: Ledger,
         completions: list[tuple[float, int, int]],
         telemetry: Telemetry | None = None,
@@ -692,6 +692,9 @@ class Runtime:
                 item.arrival_ms,
                 spec.session_id,
                 spec.turn_index,
+                request_id=spec.request_id,
+                play_id=spec.trajectory,
+                agentic=spec.agentic,
             )
             self.ledger.open(record, item)
             self.flow.admit(record, item, now)

@@ -67,6 +67,7 @@ class EngineRequest:
         "prompt_len",
         "salt",
         "seq",
+        "sequence",
         "status",
         "uid",
     )
@@ -79,9 +80,14 @@ class EngineRequest:
         *,
         salt: int | None = None,
         shared_blocks: int | None = None,
+        sequence: Prompt | None = None,
     ) -> None:
         self.uid = uid
         self.prompt = prompt
+        # The prompt followed by the output tokens, when the workload knows them (a later
+        # turn's prompt repeats them): blocks of generated tokens are then hashed from
+        # their content, not as the request's own.
+        self.sequence = sequence
         self.prompt_len = prompt.length
         self.max_output = max_output
         self.salt = uid if salt is None else salt

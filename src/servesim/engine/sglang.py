@@ -880,8 +880,10 @@ class SglangScheduler:
     def _ensure_page_hashes(self, request: EngineRequest, tokens: int) -> list[int]:
         """Extend the lease's page hashes to the complete pages of the first ``tokens`` tokens.
 
-        Prompt pages hash their tokens; a page holding any generated token is
-        the request's own (hashed from the request and the page index).
+        Prompt pages hash their tokens, as do pages of output tokens the
+        workload knows (``request.sequence``); any other page holding a
+        generated token is the request's own (hashed from the request and the
+        page index).
         """
         lease = request.lease
         assert lease is not None
@@ -889,9 +891,10 @@ class SglangScheduler:
         ps = self.block_size
         pages = tokens // ps
         if len(hashes) < pages:
-            prompt_pages = request.prompt_len // ps
-            if len(hashes) < prompt_pages:
-                hashes += request.prompt.block_hashes(ps, min(pages, prompt_pages))[len(hashes) :]
+            known = request.sequence or request.prompt
+            known_pages = known.length // ps
+            if len(hashes) < known_pages:
+                hashes += known.block_hashes(ps, min(pages, known_pages))[len(hashes) :]
             hashes.extend(generated_block_hash(request.salt, j) for j in range(len(hashes), pages))
         return hashes
 

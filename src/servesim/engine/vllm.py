@@ -1182,16 +1182,18 @@ class VllmScheduler:
         """Extend ``request.hashes`` to cover at least its first ``num_blocks`` full blocks.
 
         Prompt blocks come from the prompt's block hashes; blocks holding
-        generated tokens are hashed from (request, block index).
+        generated tokens are hashed from the request's known output tokens
+        (``request.sequence``) or else from (request, block index).
         """
         hashes = request.hashes
         have = len(hashes)
         if have >= num_blocks:
             return
         bs = self.block_size
-        prompt_full = request.prompt_len // bs
-        if have < prompt_full:
-            hashes += request.prompt.sequence_hashes(bs, min(num_blocks, prompt_full))[have:]
+        known = request.sequence or request.prompt
+        known_full = known.length // bs
+        if have < known_full:
+            hashes += known.sequence_hashes(bs, min(num_blocks, known_full))[have:]
         for j in range(len(hashes), num_blocks):
             parent = hashes[-1] if hashes else None
             hashes.append(chain(parent, generated_block_hash(request.salt, j)))

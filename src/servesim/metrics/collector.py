@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 
@@ -29,6 +32,7 @@ class RequestRecord:
     """
 
     __slots__ = (
+        "agentic",
         "arrival_time_ms",
         "best_available_overlap_blocks",
         "decode_admit_ms",
@@ -44,10 +48,12 @@ class RequestRecord:
         "input_length",
         "last_token_ms",
         "output_length",
+        "play_id",
         "prefill_admit_ms",
         "prefill_worker",
         "prefill_worker_idx",
         "queue_wait_ms",
+        "request_id",
         "requested_output_length",
         "reused_input_tokens",
         "second_token_ms",
@@ -70,8 +76,16 @@ class RequestRecord:
         requested_output: int,
         session_id: str | None,
         turn_index: int | None,
+        request_id: str | None = None,
+        play_id: str | None = None,
+        agentic: dict[str, str] | None = None,
     ) -> None:
         self.uid = uid
+        # Its place in an agentic graph (see RequestSpec.agentic).
+        self.agentic = agentic
+        # The trace's own request id and the agentic play (trajectory), when it names them.
+        self.request_id = request_id
+        self.play_id = play_id
         self.arrival_time_ms = arrival_ms
         self.input_length = input_length
         self.requested_output_length = requested_output
@@ -157,11 +171,93 @@ def latencies(r: RequestRecord) -> Latencies:
     return Latencies(ttft=ttft, e2e=e2e, ttst=ttst, tpot=tpot)
 
 
-class Collector:
-    """Appends facts as the loop reports them; token gaps go straight into sketches."""
+_TERMINALS = list(Terminal)
+
+
+class _Facts:
+    """What the summary needs of each ended request, a dozen numbers a request in arrays by
+    uid (about 80 bytes, against about a kilobyte for a :class:`RequestRecord`); NaN is None."""
+
+    __slots__ = ("_floats", "_ints")
+
+    _FLOATS = (
+        "arrival_time_ms",
+        "first_admit_ms",
+        "first_token_ms",
+        "second_token_ms",
+        "last_token_ms",
+        "terminal_time_ms",
+        "queue_wait_ms",
+    )
+    _INTS = (
+        "input_length",
+        "output_length",
+        "reused_input_tokens",
+        "first_admission_reused_input_tokens",
+        "decode_reused_input_tokens",
+    )
 
     def __init__(self) -> None:
+        self._floats: dict[str, array[float]] = {name: array("d") for name in self._FLOATS}
+        # Token counts fit 32 bits (a prompt of 2^31 tokens is not simulated); the terminal code 8.
+        self._ints: dict[str, array[int]] = {name: array("i") for name in self._INTS}
+        self._ints["terminal_status"] = array("b")
+
+    def add(self) -> None:
+        """Room for the next uid's row (filled when it ends)."""
+        for floats in self._floats.values():
+            floats.append(math.nan)
+        for ints in self._ints.values():
+            ints.append(-1)
+
+    def store(self, r: RequestRecord) -> None:
+        """Keep an ended request's facts in its row."""
+        for name, floats in self._floats.items():
+            value = getattr(r, name)
+            floats[r.uid] = math.nan if value is None else value
+        for name in self._INTS:
+            self._ints[name][r.uid] = getattr(r, name) or 0
+        status = r.terminal_status
+        self._ints["terminal_status"][r.uid] = -1 if status is None else _TERMINALS.index(status)
+
+    def record(self, uid: int) -> RequestRecord:
+        """A record holding the row's facts (and nothing else)."""
+        ints = self._ints
+        r = RequestRecord(
+            uid,
+            self._floats["arrival_time_ms"][uid],
+            ints["input_length"][uid],
+            ints["output_length"][uid],  # requested output: not needed by the summary
+            None,
+            None,
+        )
+        for name in self._FLOATS[1:]:
+            value = self._floats[name][uid]
+            setattr(r, name, None if math.isnan(value) else value)
+        if r.queue_wait_ms is None:
+            r.queue_wait_ms = 0.0
+        for name in self._INTS[1:]:
+            setattr(r, name, ints[name][uid])
+        code = ints["terminal_status"][uid]
+        r.terminal_status = None if code < 0 else _TERMINALS[code]
+        return r
+
+
+class Collector:
+    """Appends facts as the loop reports them; token gaps go straight into sketches.
+
+    With ``keep_records`` False (no per-request output wanted), an ended
+    request's record is folded into a compact row of the facts the summary
+    needs and dropped, so memory holds whole records only for the requests
+    in flight.
+    """
+
+    def __init__(self, *, keep_records: bool = True) -> None:
         self.records: list[RequestRecord] = []
+        self._keep = keep_records
+        self._count = 0
+        self._open: dict[int, RequestRecord] = {}
+        self._facts = _Facts()
         self._itl = GapSketch()
         self._per_user = GapSketch()
         # Fast-forwarded windows' token times, turned into gaps in batches (see on_shared_gaps).
@@ -189,13 +285,45 @@ class Collector:
         arrival_ms: float,
         session_id: str | None,
         turn_index: int | None,
+        *,
+        request_id: str | None = None,
+        play_id: str | None = None,
+        agentic: dict[str, str] | None = None,
     ) -> RequestRecord:
         """A request reached the cluster; its uid is its arrival ordinal."""
         record = RequestRecord(
-            len(self.records), arrival_ms, input_length, requested_output, session_id, turn_index
+            self._count,
+            arrival_ms,
+            input_length,
+            requested_output,
+            session_id,
+            turn_index,
+            request_id,
+            play_id,
+            agentic,
         )
-        self.records.append(record)
+        self._count += 1
+        if self._keep:
+            self.records.append(record)
+        else:
+            self._open[record.uid] = record
+            self._facts.add()
         return record
+
+    @property
+    def num_requests(self) -> int:
+        """Requests that reached the cluster."""
+        return self._count
+
+    def all_records(self) -> Iterator[RequestRecord]:
+        """Every request's record in uid (arrival) order: kept ones, or those in flight and
+        ones rebuilt from the facts of ended requests."""
+        if self._keep:
+            yield from self.records
+            return
+        for uid in range(self._count):
+            record = self._open.get(uid)
+            yield self._facts.record(uid) if record is None else record
 
     @staticmethod
     def on_route(record: RequestRecord, worker: int, dp_rank: int, dp_size: int) -> None:
@@ -291,8 +419,9 @@ class Collector:
         windows.clear()
         self._window_tokens = 0
 
-    @staticmethod
-    def on_terminal(record: RequestRecord, now: float, terminal: Terminal) -> None:
+    def on_terminal(self, record: RequestRecord, now: float, terminal: Terminal) -> None:
         """The request completed or was rejected at ``now``."""
         record.terminal_status = terminal
         record.terminal_time_ms = now
+        if not self._keep:
+            self._facts.store(self._open.pop(record.uid))

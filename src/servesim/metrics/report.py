@@ -63,6 +63,14 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
     row = {name: getattr(r, name) for name in RECORD_FIELDS}
     status = r.terminal_status
     row["terminal_status"] = status.value if status is not None else "incomplete"
+    if r.request_id is not None:
+        row["request_id"] = r.request_id
+    if r.play_id is not None:
+        row["play_id"] = r.play_id
+    if r.agentic is not None:
+        row["agentic"] = r.agentic
+        # An agentic request is dispatched when its dependencies release it: its arrival.
+        row["dispatched_at_ms"] = r.arrival_time_ms
     host = r.first_admission_host_reused_input_tokens
     if host is not None:
         # With a host tier: where the first admission's reused prefix came from.
@@ -181,6 +189,11 @@ def parse_report_json(text: str, *, source: str) -> dict[str, Any]:
             "(written by an older servesim or another tool?); replay the run with --report-json again"
         )
     return document
+
+
+def write_lines(path: Path, lines: Iterable[str]) -> None:
+    """Write ``lines`` to ``path`` as they come, whole or not at all (see :func:`atomic_write`)."""
+    atomic_write(path, lines)
 
 
 def write_requests_jsonl(path: Path, records: list[RequestRecord]) -> None:

@@ -13,6 +13,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 from servesim.errors import ConfigError
 from servesim.workload.request import RequestSpec, Session
@@ -20,11 +21,32 @@ from servesim.workload.request import RequestSpec, Session
 
 @dataclass(slots=True)
 class Released:
-    """A request handed to the cluster at ``arrival_ms``."""
+    """A request handed to the cluster at ``arrival_ms`` (``session``: its session's index,
+    or its node's in an agentic graph)."""
 
     spec: RequestSpec
     session: int
     arrival_ms: float
+
+
+class Admission(Protocol):
+    """How a workload's requests reach the cluster: the loop asks when, takes them, reports ends."""
+
+    def next_ready_ms(self, now: float) -> float:
+        """Earliest time something can be released."""
+        ...
+
+    def release(self, now: float) -> list[Released]:
+        """Requests ready at or before ``now``, in release order."""
+        ...
+
+    def on_finished(self, released: Released, now: float) -> None:
+        """A released request completed or was rejected at ``now``."""
+        ...
+
+    def drained(self) -> bool:
+        """Nothing is left to release or waiting to end."""
+        ...
 
 
 class AdmissionQueue:

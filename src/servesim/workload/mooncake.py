@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from servesim.errors import TraceError
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
@@ -41,13 +41,16 @@ class _Row:
     delay: float | None
 
 
-class _Interner:
+class Interner:
+    """Dense token ids for hash ids, in order of first appearance."""
+
     __slots__ = ("_ids",)
 
     def __init__(self) -> None:
         self._ids: dict[int, int] = {}
 
     def tokens(self, hash_ids: list[int]) -> tuple[int, ...]:
+        """The tokens of ``hash_ids``, new ids numbered as they come."""
         ids = self._ids
         return tuple(ids.setdefault(h, len(ids)) for h in hash_ids)
 
@@ -75,14 +78,27 @@ def _count(value: Any, what: str, where: str) -> int:
     return value
 
 
-def _parse_row(
+class TokenMap(Protocol):
+    """How hash ids become tokens (see :class:`Interner`)."""
+
+    def tokens(self, hash_ids: list[int]) -> tuple[int, ...]:
+        """The tokens of ``hash_ids``."""
+        ...
+
+
+def parse_row(
     obj: Any,
     where: str,
     line: int,
     trace_block_size: int,
-    interner: _Interner,
+    interner: TokenMap,
     cache: BlockContentCache,
 ) -> _Row:
+    """One trace row, checked: its request, timestamp and delay.
+
+    Raises:
+        TraceError: naming ``where`` and the field at fault.
+    """
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     hash_ids = obj.get("hash_ids")
@@ -141,20 +157,20 @@ _EXPECTED = (
 )
 
 
-def _label(path: Path) -> str:
+def label(path: Path) -> str:
     """How messages name the trace."""
     return "<stdin>" if path == STDIN else str(path)
 
 
 @contextmanager
-def _open(path: Path) -> Iterator[io.BufferedIOBase]:
+def open_trace(path: Path) -> Iterator[io.BufferedIOBase]:
     """The trace's bytes: stdin for ``-``, decompressed when they start with gzip's magic."""
     # Not opened in a with: raw is closed by the `with raw` below. Stdin's descriptor is
     # read but left open (closefd=False) for the caller.
     try:
         raw = open(sys.stdin.fileno(), "rb", closefd=False) if path == STDIN else path.open("rb")  # noqa: SIM115
     except OSError as exc:
-        raise TraceError(f"cannot open trace file {_label(path)}: {exc.strerror}") from None
+        raise TraceError(f"cannot open trace file {label(path)}: {exc.strerror}") from None
     with raw:
         if raw.peek(len(_GZIP_MAGIC))[: len(_GZIP_MAGIC)] != _GZIP_MAGIC:
             yield raw
@@ -164,14 +180,14 @@ def _open(path: Path) -> Iterator[io.BufferedIOBase]:
 
 
 def _read_rows(path: Path, trace_block_size: int, cache: BlockContentCache) -> Iterator[_Row]:
-    interner = _Interner()
-    label = _label(path)
+    interner = Interner()
+    name = label(path)
     first = True
-    with _open(path) as handle:
-        for line_no, text in _lines(handle, label):
+    with open_trace(path) as handle:
+        for line_no, text in read_lines(handle, name):
             if not text.strip():
                 continue
-            where = f"{label}:{line_no}"
+            where = f"{name}:{line_no}"
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
@@ -181,7 +197,7 @@ def _read_rows(path: Path, trace_block_size: int, cache: BlockContentCache) -> I
                     f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
                 ) from None
             first = False
-            yield _parse_row(obj, where, line_no, trace_block_size, interner, cache)
+            yield parse_row(obj, where, line_no, trace_block_size, interner, cache)
 
 
 def _not_jsonl(where: str, text: str) -> str:
@@ -192,7 +208,7 @@ def _not_jsonl(where: str, text: str) -> str:
     return f"{where}: not a Mooncake trace: this line {kind} ({shown!r}); {_EXPECTED}"
 
 
-def _lines(handle: io.BufferedIOBase, label: str) -> Iterator[tuple[int, str]]:
+def read_lines(handle: io.BufferedIOBase, label: str) -> Iterator[tuple[int, str]]:
     """Each line as text, with its 1-based number; each is decoded alone, so a bad byte is
     reported on its own line."""
     line_no = 0
@@ -226,7 +242,7 @@ def read_mooncake(path: Path, *, trace_block_size: int, need_timestamps: bool) -
     cache = BlockContentCache()
     # Keyed apart, so that an explicit session named like an implicit one stays separate.
     sessions: dict[tuple[bool, str], list[_Row]] = {}
-    label = _label(path)
+    name = label(path)
     for row in _read_rows(path, trace_block_size, cache):
         explicit = row.spec.session_id is not None
         # A row without a session is a one-turn session of its own, named as the reference names it.
@@ -235,12 +251,12 @@ def read_mooncake(path: Path, *, trace_block_size: int, need_timestamps: bool) -
         row.spec.affinity_key = key
         sessions.setdefault((explicit, key), []).append(row)
     if not sessions:
-        raise TraceError(f"trace file {label} did not contain any requests")
+        raise TraceError(f"trace file {name} did not contain any requests")
     # As the reference reports them: a trace without any session has no session ids or
     # turn numbers (null); in a trace with sessions, a row without one is turn 0 of its own.
     named = any(explicit for explicit, _ in sessions)
     return [
-        _session(label, key, rows, need_timestamps, named=named)
+        _session(name, key, rows, need_timestamps, named=named)
         for (_, key), rows in sessions.items()
     ]
 

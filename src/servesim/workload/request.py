@@ -27,6 +27,17 @@ class BlockContentCache:
         # sequence hashes of the engine blocks filling that trace block.
         self._chains: dict[tuple[int | None, int, int], tuple[int, ...]] = {}
 
+    def size(self) -> int:
+        """Entries held (a measure of its memory)."""
+        return len(self._hashes) + len(self._uniform) + len(self._chains)
+
+    def clear(self) -> None:
+        """Forget every entry: they are recomputed as needed (the hashes do not change)."""
+        self._hashes.clear()
+        self._uniform.clear()
+        self._by_size.clear()
+        self._chains.clear()
+
     def uniform_chain(
         self, parent: int | None, token: int, block_size: int, per_block: int
     ) -> tuple[int, ...]:
@@ -124,6 +135,76 @@ class TracePrompt:
         return out
 
 
+class RunPrompt:
+    """A prompt given as runs of one repeated token: ``((token, count), ...)``.
+
+    Prompts that grow turn by turn (a delta turn appends the previous turn's
+    output and its own segment to the previous prompt) are such runs: a trace
+    segment is one run per hash id, an output one run of the request's own
+    output token (see :func:`output_token`).
+    """
+
+    __slots__ = ("_cache", "length", "runs")
+
+    def __init__(self, runs: tuple[tuple[int, int], ...], cache: BlockContentCache) -> None:
+        self.runs = runs
+        self.length = sum(count for _, count in runs)
+        self._cache = cache
+
+    def then(self, runs: tuple[tuple[int, int], ...]) -> RunPrompt:
+        """This prompt followed by ``runs``."""
+        return RunPrompt(self.runs + runs, self._cache)
+
+    def block_hashes(self, block_size: int, count: int) -> list[int]:
+        """See :class:`~servesim.engine.request.Prompt`."""
+        num_blocks = min(self.length // block_size, count)
+        out: list[int] = []
+        block: list[tuple[int, int]] = []
+        room = block_size
+        local_hash = self._cache.local_hash
+        for token, run in self.runs:
+            while run and len(out) < num_blocks:
+                take = min(run, room)
+                block.append((token, take))
+                run -= take
+                room -= take
+                if room == 0:
+                    out.append(local_hash(tuple(block)))
+                    block, room = [], block_size
+            if len(out) == num_blocks:
+                break
+        return out
+
+    def sequence_hashes(self, block_size: int, count: int) -> list[int]:
+        """See :class:`~servesim.engine.request.Prompt`."""
+        return chain_all(self.block_hashes(block_size, count))
+
+
+OUTPUT_TOKEN_BASE = 1 << 31
+"""Output tokens a workload knows are ``OUTPUT_TOKEN_BASE + n`` for the n-th such request,
+apart from every trace token (dense ids from 0)."""
+
+
+def output_token(n: int) -> int:
+    """The token the n-th request with known output repeats as its output."""
+    return OUTPUT_TOKEN_BASE + n
+
+
+def trace_runs(
+    tokens: tuple[int, ...], trace_block_size: int, length: int
+) -> tuple[tuple[int, int], ...]:
+    """Runs of a trace segment: ``trace_block_size`` copies of each token, cut to ``length``."""
+    runs = []
+    left = length
+    for token in tokens:
+        if left <= 0:
+            break
+        take = min(trace_block_size, left)
+        runs.append((token, take))
+        left -= take
+    return tuple(runs)
+
+
 _MASK = np.uint64(0xFFFFFFFF)
 
 
@@ -174,6 +255,13 @@ class RequestSpec:
         priority: soft priority hint for router queues.
         shared_blocks: leading full prompt blocks some other request also has
             (see :mod:`servesim.workload.sharing`); None when not worked out.
+        sequence: the prompt followed by the output tokens, when a later
+            prompt repeats them (delta and applied-compute turns); None otherwise.
+        request_id: the trace's id of the request, when it names one.
+        trajectory: the agentic play (trajectory) it belongs to, if any.
+        agentic: its place in an agentic graph as the reference reports it
+            (``conversation_id``, ``play_id``, ``request_id``, ``root_id``, and
+            ``parent_id`` for a spawned request); None outside one.
     """
 
     prompt: Prompt
@@ -184,6 +272,10 @@ class RequestSpec:
     delay_ms: float = 0.0
     priority: int = 0
     shared_blocks: int | None = None
+    sequence: Prompt | None = None
+    request_id: str | None = None
+    trajectory: str | None = None
+    agentic: dict[str, str] | None = None
 
     @property
     def input_length(self) -> int:
