@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import servesim
+from servesim import aic
 from servesim.config import (
     EngineConfig,
     KeyInfo,
@@ -33,6 +34,7 @@ from servesim.config import (
 from servesim.errors import ConfigError, ServesimError
 from servesim.metrics.report import render_table, write_report_json, write_requests_jsonl
 from servesim.metrics.summary import Sla
+from servesim.presets import PRESETS
 from servesim.simulation import RunConfig, SyntheticWorkload, count_requests, run
 from servesim.workload.mooncake import STDIN
 
@@ -177,8 +179,16 @@ def build_parser() -> _Parser:
         description="List every key --extra-engine-args (and the P/D engine flags) and\n"
         "--router-config accept, with its default and meaning.",
     )
+    timing = sub.add_parser(
+        "timing",
+        help="list the timing presets and the AIC systems, backends and models",
+        description='List the measured timing presets ({"profile": name}) and, with the\n'
+        "aic extra installed, the systems, backends (versions) and models AIC timing covers.",
+    )
+    timing.add_argument("action", choices=["list"], help="what to do: list")
     p.set_defaults(command_parser=p)
     keys.set_defaults(command_parser=keys)
+    timing.set_defaults(command_parser=timing)
     _add_replay_arguments(p)
     return parser
 
@@ -634,6 +644,25 @@ def render_keys() -> str:
     return "\n".join(lines)
 
 
+def render_timing_list() -> str:
+    """The ``servesim timing list`` listing: presets, then what AIC timing covers."""
+    lines = ['Timing presets (timing_model: {"profile": NAME}):']
+    width = max(len(name) for name in PRESETS)
+    lines += [f"  {name:<{width}}  {preset.description}" for name, preset in PRESETS.items()]
+    lines += ["", 'AIC timing (timing_model: {"type": "aic", "system": S, "model": M, ...}):']
+    if not aic.is_installed():
+        return "\n".join([*lines, f"  not available: {aic.INSTALL_HINT}"])
+    systems = aic.databases()
+    width = max(len(system) for system in systems)
+    lines.append(f"  {'system':<{width}}  backends (versions)")
+    for system, backends in systems.items():
+        shown = ", ".join(f"{b} ({', '.join(v)})" for b, v in backends.items())
+        lines.append(f"  {system:<{width}}  {shown}")
+    lines += ["", f"  models ({len(aic.models())}, those whose configuration ships with AIC):"]
+    lines += [f"    {name}" for name in aic.models()]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code.
 
@@ -657,6 +686,9 @@ def _main(argv: Sequence[str] | None) -> int:
         command_parser.reject_unknown(extras)
     if args.command == "keys":
         print(render_keys())
+        return 0
+    if args.command == "timing":
+        print(render_timing_list())
         return 0
     # As the reference: an existing directory gets the report inside it.
     if args.report_json is not None and args.report_json.is_dir():
