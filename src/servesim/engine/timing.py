@@ -300,8 +300,8 @@ class AicTiming:
         key = (batch, new, prefix)
         ms = self._prefill.get(key)
         if ms is None:
-            ms = self._prefill[key] = float(
-                self._engine.predict_prefill_latency(batch, new + prefix, prefix)
+            ms = self._prefill[key] = _ask_aic(
+                self._engine.predict_prefill_latency, batch, new + prefix, prefix
             )
         return ms
 
@@ -319,7 +319,9 @@ class AicTiming:
         key = (batch, context)
         ms = self._decode.get(key)
         if ms is None:
-            ms = self._decode[key] = float(self._engine.predict_decode_latency(batch, context, 2))
+            ms = self._decode[key] = _ask_aic(
+                self._engine.predict_decode_latency, batch, context, 2
+            )
         return ms
 
     def decode_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
@@ -345,6 +347,15 @@ class AicTiming:
         fraction = (contexts - lo).astype(np.float64) / step.astype(np.float64)
         ms: np.ndarray = np.maximum(lo_ms + (hi_ms - lo_ms) * fraction, 1.0)
         return ms
+
+
+def _ask_aic(predict: Any, *args: int) -> float:
+    """One AIC prediction; its failures (the package raises several kinds, e.g. a kernel
+    table the database lacks for this model and GPU) become one :class:`ConfigError`."""
+    try:
+        return float(predict(*args))
+    except Exception as exc:  # any failure inside the package is about this engine's data
+        raise ConfigError(f"AIC cannot price {predict.__name__}{args}: {exc}") from None
 
 
 _EXACT_BELOW_BITS = 7
@@ -542,4 +553,9 @@ def shared_aic_timing(spec: AicSpec, speedup: float, decode_speedup: float) -> A
     Raises:
         ConfigError: the package is missing or AIC cannot build the engine.
     """
-    return AicTiming(compile_engine(spec), speedup, decode_speedup)
+    timing = AicTiming(compile_engine(spec), speedup, decode_speedup)
+    # Price one small prefill and decode now: a database without the kernel tables this
+    # engine needs then fails before the run starts, not in the middle of it.
+    timing.prefill_ms(1, 128, 0)
+    timing.decode_ms(1, 128, 128)
+    return timing
