@@ -197,8 +197,15 @@ def attempt(row: dict[str, str]) -> tuple[dict[str, str], Result | str]:
     try:
         return row, simulate(row)
     except (ServesimError, ValueError, KeyError, AssertionError) as exc:
-        reason = str(exc).split(";")[0].split(": ")[-1].strip() or type(exc).__name__
-        return row, reason[:90]
+        return row, reason(exc)
+
+
+def reason(exc: BaseException) -> str:
+    """A short, row-independent reason: AIC's own words without paths and table keys."""
+    text = str(exc).split("perf database error: ")[-1]
+    text = re.split(r" \{| at /|; |\(", text)[0]
+    text = re.sub(r"^.*?: (?=AIC )", "", text)
+    return (text.strip() or type(exc).__name__)[:100]
 
 
 def stats(errors: list[float]) -> tuple[float, float]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,11 +171,16 @@ class KvMemory:
     """What one rank's GPU memory holds for KV, from AIC's memory model."""
 
     kv_bytes_per_token: int
-    """KV bytes of one token on one rank (all layers, K and V, this rank's heads)."""
+    """KV bytes of one token on one rank, ``floor(kv_budget_bytes / kv_tokens)`` (standard
+    attention: all layers, K and V, this rank's heads)."""
     kv_budget_bytes: int
     """Bytes left for KV on one rank (see :func:`kv_memory`)."""
+    kv_tokens: int
+    """Tokens that budget holds: ``floor(kv_budget_bytes / bytes of one token)`` for
+    standard attention; AIC's own inverse of its KV curve for hybrid models, whose
+    recurrent state is per sequence, not per token."""
     num_gpu_blocks: int
-    """``floor(kv_budget_bytes / kv_bytes_per_token / block_size)``."""
+    """``floor(kv_tokens / block_size)``."""
 
 
 @functools.lru_cache(maxsize=32)
@@ -190,7 +194,8 @@ def kv_memory(
     per-pass token budget ``max_num_tokens``), and the KV bytes of one token. The KV
     budget is ``capacity * fraction - non_kv`` for vLLM and SGLang, and
     ``(capacity - non_kv) * fraction`` for TRT-LLM, where ``capacity`` is the GPU's
-    memory in the system file.
+    memory in the system file. The tokens it holds are AIC's (see
+    :attr:`KvMemory.kv_tokens`).
 
     Raises:
         ConfigError: the package is missing, AIC cannot size this engine, or no
@@ -214,15 +219,20 @@ def kv_memory(
         )
     except ValueError as exc:
         raise ConfigError(f"AIC cannot size the KV cache of {_describe(spec)}: {exc}") from None
-    per_token = int(estimate["kv_size_per_token_bytes"])
     budget = int(estimate["total_kv_size_bytes"])
-    blocks = math.floor(budget / per_token / block_size)
+    tokens = int(estimate["total_kv_size_tokens"])
+    blocks = tokens // block_size
     if blocks < 1:
         raise ConfigError(
-            f"{_describe(spec)} leaves no GPU memory for a KV block "
-            f"({budget} bytes for blocks of {block_size} x {per_token} bytes)"
+            f"{_describe(spec)} leaves no GPU memory for a KV block of {block_size} tokens "
+            f"({budget} bytes hold {tokens} tokens)"
         )
-    return KvMemory(kv_bytes_per_token=per_token, kv_budget_bytes=budget, num_gpu_blocks=blocks)
+    return KvMemory(
+        kv_bytes_per_token=budget // tokens,
+        kv_budget_bytes=budget,
+        kv_tokens=tokens,
+        num_gpu_blocks=blocks,
+    )
 
 
 def resolved_version(spec: AicSpec) -> str:
