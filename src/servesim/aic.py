@@ -119,7 +119,13 @@ def models() -> list[str]:
 
 def check_covered(spec: AicSpec, key: str) -> None:
     """Raise a :class:`ConfigError` listing what the database has when ``spec`` asks for
-    a system, backend, version or model it lacks."""
+    a system, backend, version or model it lacks.
+
+    The quick checks read one small file; the full listing (every system file and
+    version slot: seconds) is read only to explain a miss.
+    """
+    if spec.model in models() and _has_database(spec):
+        return
     systems = databases()
     if spec.system not in systems:
         raise ConfigError(
@@ -141,6 +147,22 @@ def check_covered(spec: AicSpec, key: str) -> None:
         raise ConfigError(
             f"{key}: AIC has no model {spec.model!r}; its database has: {', '.join(models())}"
         )
+
+
+def _has_database(spec: AicSpec) -> bool:
+    """Whether the wheel has ``spec``'s system, kernel data for its backend, and its version."""
+    package = _package()
+    from aiconfigurator_core.sdk import perf_database
+
+    systems = Path(package.__file__).parent / "systems"
+    if not (systems / f"{spec.system}.yaml").is_file():
+        return False
+    if not (systems / "data" / spec.system / "gemm" / spec.backend).is_dir():
+        return False
+    slots = perf_database.get_version_slots(spec.system, spec.backend)
+    if not slots:
+        return False
+    return spec.backend_version is None or spec.backend_version in slots.values()
 
 
 @functools.lru_cache(maxsize=32)
