@@ -9,8 +9,8 @@ TTFT and TPOT of real deployments) that AIC's database covers, servesim
 simulates the deployment with AIC timing and compares:
 
 - agg rows: one worker of ``attention_dp_size`` DP ranks, TP ``tp_size``, fed
-  by a closed loop of ``batch_size`` concurrent requests (the measured
-  concurrency) of ``isl`` prompt and ``osl`` output tokens, ``2 x concurrency``
+  by a closed loop of the measured concurrency (``silicon_concurrency``; else
+  ``batch_size``) of ``isl`` prompt and ``osl`` output tokens, ``2 x concurrency``
   requests in all (at least 16). The first wave arrives at once and is a
   warm-up: the statistics are those of the second wave, whose requests arrive
   one by one as earlier ones finish, against a full engine (steady state);
@@ -19,7 +19,9 @@ simulates the deployment with AIC timing and compares:
   ``silicon_concurrency`` names.
 
 TTFT is the steady-state requests' median TTFT, TPOT their mean of
-``(last token - first token) / (tokens - 1)``. Each row's relative error is ``simulated / measured - 1``. To tell
+``(last token - first token) / (tokens - 1)``; the report also reads the same
+runs over every request (first wave included), as a client that counts them
+all would. Each row's relative error is ``simulated / measured - 1``. To tell
 AIC's own kernel estimate from servesim's batching and scheduling, every
 agg row is also priced by AIC alone as a static batch: ``predict_prefill_latency(1,
 isl, 0)`` for TTFT and ``predict_decode_latency(batch per rank, isl + osl / 2, 2)``
@@ -62,6 +64,7 @@ SILICON = SHARED / "aiconfigurator" / "silicon_sample.csv"
 DYNAMO_H200 = SHARED / "dynamo" / "profiling_results" / "H200_TP1P_TP1D"
 REPORT = REPO_ROOT / "docs" / "validation.md"
 PLOT = REPO_ROOT / "docs" / "validation_scatter.svg"
+ROWS = REPO_ROOT / "docs" / "validation_rows.csv"
 
 MODEL_NAMES = {
     "meta-llama/Llama-3.1-8B-Instruct": ("meta-llama/Meta-Llama-3.1-8B", None),
@@ -86,10 +89,18 @@ class Result:
     tpot: float
     static_ttft: float | None
     static_tpot: float | None
+    every_ttft: float
+    """Median TTFT of every request, the first wave's included."""
+    every_tpot: float
+    """Mean TPOT of every request."""
 
     def error(self, what: str) -> float:
         measured = float(self.row[f"silicon_{what}_ms"])
         return getattr(self, what) / measured - 1.0
+
+    def every_error(self, what: str) -> float:
+        measured = float(self.row[f"silicon_{what}_ms"])
+        return float(getattr(self, f"every_{what}")) / measured - 1.0
 
     def static_error(self, what: str) -> float | None:
         value = getattr(self, f"static_{what}")
@@ -141,12 +152,14 @@ def engine(row: dict[str, str], prefix: str, role: str, concurrency: int) -> Any
 
 
 def concurrency_of(row: dict[str, str]) -> int:
+    """The benchmark client's concurrency: ``silicon_concurrency`` in the source column
+    (an agg row's ``batch_size`` is per attention-DP rank: 16 on 4 ranks is 64)."""
+    found = re.search(r"silicon_concurrency=(\d+)", row["silicon_data_source"])
+    if found is not None:
+        return int(found.group(1))
     if row["mode"] == "agg":
         return number(row, "batch_size")
-    found = re.search(r"silicon_concurrency=(\d+)", row["silicon_data_source"])
-    if found is None:
-        raise ValueError("no silicon_concurrency")
-    return int(found.group(1))
+    raise ValueError("no silicon_concurrency")
 
 
 def simulate(row: dict[str, str]) -> Result:
@@ -175,7 +188,28 @@ def simulate(row: dict[str, str]) -> Result:
             num_prefill_workers=number(row, "prefill_num_workers"),
             num_decode_workers=number(row, "decode_num_workers"),
         )
-    records = sorted(run(config).records, key=lambda r: r.arrival_ms)[concurrency:]
+    every = sorted(run(config).records, key=lambda r: r.arrival_ms)
+    ttfts, tpots = latencies(every[concurrency:])
+    every_ttfts, every_tpots = latencies(every)
+    static_ttft = static_tpot = None
+    if row["mode"] == "agg":
+        handle = aic.compile_engine(config.engine.timing_model.aic)
+        dp = config.engine.dp_size
+        static_ttft = float(handle.predict_prefill_latency(1, isl, 0))
+        static_tpot = float(handle.predict_decode_latency(-(-concurrency // dp), isl + osl // 2, 2))
+    return Result(
+        row,
+        statistics.median(ttfts),
+        statistics.fmean(tpots),
+        static_ttft,
+        static_tpot,
+        statistics.median(every_ttfts),
+        statistics.fmean(every_tpots),
+    )
+
+
+def latencies(records: list[Any]) -> tuple[list[float], list[float]]:
+    """TTFTs and TPOTs of the finished requests among ``records``."""
     ttfts = [r.first_token_ms - r.arrival_ms for r in records if r.first_token_ms is not None]
     tpots = [
         (r.last_token_ms - r.first_token_ms) / (r.num_tokens - 1)
@@ -184,13 +218,7 @@ def simulate(row: dict[str, str]) -> Result:
     ]
     if not ttfts or not tpots:
         raise ValueError("no steady-state request finished")
-    static_ttft = static_tpot = None
-    if row["mode"] == "agg":
-        handle = aic.compile_engine(config.engine.timing_model.aic)
-        dp = config.engine.dp_size
-        static_ttft = float(handle.predict_prefill_latency(1, isl, 0))
-        static_tpot = float(handle.predict_decode_latency(-(-concurrency // dp), isl + osl // 2, 2))
-    return Result(row, statistics.median(ttfts), statistics.fmean(tpots), static_ttft, static_tpot)
+    return ttfts, tpots
 
 
 def attempt(row: dict[str, str]) -> tuple[dict[str, str], Result | str]:
@@ -233,6 +261,109 @@ def row_line(name: str, results: list[Result]) -> str:
     ttft = stats([r.error("ttft") for r in results])
     tpot = stats([r.error("tpot") for r in results])
     return f"| {name} | {len(results)} | {ttft[0]:.1%} | {ttft[1]:.1%} | {tpot[0]:.1%} | {tpot[1]:.1%} |"
+
+
+def write_rows(results: list[Result]) -> None:
+    """Every compared row: measured, simulated and AIC-static TTFT and TPOT (ms)."""
+    with ROWS.open("w", newline="") as handle:
+        out = csv.writer(handle, lineterminator="\n")
+        out.writerow(
+            ["id", "system", "backend", "model", "mode", "isl", "osl", "concurrency"]
+            + [
+                f"{k}_{w}_ms"
+                for w in ("ttft", "tpot")
+                for k in ("measured", "simulated", "every", "static")
+            ]
+        )
+        for r in results:
+            static = {"ttft": r.static_ttft, "tpot": r.static_tpot}
+            out.writerow(
+                [r.row[k] for k in ("id", "system", "backend", "model_path", "mode", "isl", "osl")]
+                + [concurrency_of(r.row)]
+                + [
+                    f"{v:.4f}" if v is not None else ""
+                    for w in ("ttft", "tpot")
+                    for v in (
+                        float(r.row[f"silicon_{w}_ms"]),
+                        getattr(r, w),
+                        getattr(r, f"every_{w}"),
+                        static[w],
+                    )
+                ]
+            )
+
+
+def by_concurrency(results: list[Result]) -> list[str]:
+    """Signed median errors by concurrency: at 1 there is no batching to get wrong."""
+    buckets = [(1, 1), (2, 8), (9, 32), (33, 128), (129, MAX_CONCURRENCY)]
+    lines = [
+        "| agg concurrency | rows | TTFT simulated | TTFT every request | TTFT AIC static "
+        "| TPOT simulated | TPOT every request | TPOT AIC static |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for lo, hi in buckets:
+        group = [
+            r for r in results if r.static_ttft is not None and lo <= concurrency_of(r.row) <= hi
+        ]
+        if not group:
+            continue
+        cells = []
+        for what in ("ttft", "tpot"):
+            sim = statistics.median(r.error(what) for r in group)
+            every = statistics.median(r.every_error(what) for r in group)
+            static = statistics.median(r.static_error(what) or 0.0 for r in group)
+            cells += [f"{sim:+.1%}", f"{every:+.1%}", f"{static:+.1%}"]
+        name = str(lo) if lo == hi else f"{lo}–{hi}"
+        lines.append(f"| {name} | {len(group)} | {' | '.join(cells)} |")
+    return lines
+
+
+def causes(results: list[Result]) -> list[str]:
+    """The reading of the attribution tables, with this run's numbers."""
+    agg = [r for r in results if r.static_ttft is not None]
+
+    def signed(what: str, group: list[Result], static: bool = False) -> str:
+        if not group:
+            return "n/a"
+        if static:
+            return f"{statistics.median(r.static_error(what) or 0.0 for r in group):+.1%}"
+        return f"{statistics.median(r.error(what) for r in group):+.1%}"
+
+    low = [r for r in agg if concurrency_of(r.row) <= 32]
+    high = [r for r in agg if concurrency_of(r.row) > 128]
+    return [
+        f"- **TPOT: AIC's kernel estimate is the largest cause.** AIC alone, one decode step "
+        f"of the whole batch, is {signed('tpot', agg, True)} off the measurement (signed "
+        f"median); the simulation, whose passes also carry prefill chunks, is "
+        f"{signed('tpot', agg)}. Both fall short by more as the batch grows (concurrency "
+        f"above 128: static {signed('tpot', high, True)}, simulated {signed('tpot', high)}): "
+        "AIC's per-step kernel sums likely leave out the engine's per-step host overhead and "
+        "under-price large decode batches (AIC's own agg estimates add backend corrections "
+        "that `predict_decode_latency` does not). servesim's scheduling moves the estimate "
+        "towards the measurement, not away from it. Not fixed here: adding an overhead "
+        "per step would be fitting servesim to this sample.",
+        f"- **TTFT: queueing dominates, and the measurement protocol is the open question.** "
+        f"AIC's prefill of one prompt is {signed('ttft', agg, True)} off: measured TTFTs are "
+        "mostly waiting, which only a simulation of the batching supplies. At concurrency "
+        f"up to 32 the simulated TTFT is {signed('ttft', low)} off (signed median); above 128 "
+        f"it is {signed('ttft', high)}. The sample does not say how its client counted: "
+        "read over every request (the first wave, all arriving at once, included) instead "
+        "of the steady state, the same runs move towards the measurement at high "
+        "concurrency (table below). The largest TTFT cause is named, not fixed: the "
+        "benchmark's arrival pattern and warm-up are not in the data.",
+        "- **Spread.** The absolute errors are larger than the signed medians: rows err "
+        "both ways, by model and system (tables below), which a single correction "
+        "could not remove.",
+    ]
+
+
+def every_line(results: list[Result]) -> str:
+    ttft = stats([r.every_error("ttft") for r in results])
+    tpot = stats([r.every_error("tpot") for r in results])
+    return (
+        f"| all, every request | {len(results)} | {ttft[0]:.1%} | {ttft[1]:.1%} "
+        f"| {tpot[0]:.1%} | {tpot[1]:.1%} |"
+    )
 
 
 def attribution(results: list[Result]) -> list[str]:
@@ -344,6 +475,7 @@ def main() -> None:
                 print(f"{done} rows: {len(results)} compared", file=sys.stderr, flush=True)
     elapsed = time.perf_counter() - started
     PLOT.write_text(scatter(results))
+    write_rows(results)
     REPORT.write_text(render(results, skipped, rows, args.limit) + "\n")
     print(f"{len(results)} rows compared in {elapsed:.0f} s; wrote {REPORT} and {PLOT}")
 
@@ -373,6 +505,13 @@ def render(
         if any(r.row["mode"] == "disagg" for r in results)
         else "| disagg | 0 | | | | |",
         "",
+        "The same runs read as a benchmark client that counts every request, the first "
+        "wave (all arriving at once) included:",
+        "",
+        "| | rows | TTFT median | TTFT p90 | TPOT median | TPOT p90 |",
+        "|---|---:|---:|---:|---:|---:|",
+        every_line(results),
+        "",
         "Targets: median TPOT error ≤ 10%, median TTFT error ≤ 15%.",
         "",
         "![simulated vs measured](validation_scatter.svg)",
@@ -385,6 +524,15 @@ def render(
         "batching and scheduling.",
         "",
         *attribution(results),
+        "",
+        *causes(results),
+        "",
+        "Signed median errors (simulated / measured − 1) by concurrency:",
+        "",
+        *by_concurrency(results),
+        "",
+        "Every compared row, with its measured, simulated and AIC-static values: "
+        "[validation_rows.csv](validation_rows.csv).",
         "",
         "## By system",
         "",
