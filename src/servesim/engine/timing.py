@@ -264,13 +264,14 @@ class AicTiming:
     memoised for the run, and the long token axes are bucketed: decode contexts
     below 64 are exact, above they lie on a grid of 64 nodes per octave (spacing at
     most 1/64 of the value, see :func:`_node`); prefill prefixes on 16 per octave;
-    a price between two nodes is the linear interpolation between them. The batch and the
-    new prefill tokens are exact: AIC's prefill jumps between adjacent token counts
-    where its GEMM tables change tile (by 17% from 1,024 to 1,025 tokens for
-    Qwen3-32B on H100), which interpolation would smear. Measured against direct
-    AIC calls on 3,000 random shapes each for three engines, the largest error is
-    0.79% (decode) and 0.09% (prefill); ``tests/engine/test_aic_timing.py`` holds
-    it under 1%.
+    a price between two nodes is the linear interpolation between them. The batch is
+    exact. New prefill tokens are bucketed (64 per octave) only where AIC's prefill
+    is smooth in them (see ``_SMOOTH_GEMM_TOKENS``): elsewhere it jumps between
+    adjacent token counts where its GEMM tables change tile (by 17% from 1,024 to
+    1,025 tokens for Qwen3-32B on H100), which interpolation would smear, so they are
+    exact. Measured against direct AIC calls on thousands of random shapes for three
+    engines, the largest error is 0.79% (decode) and 0.33% (prefill);
+    ``tests/engine/test_aic_timing.py`` holds it under 1%.
 
     One model is shared by every worker of a run that asks for the same engine (see
     :func:`make_timing`), so the memo fills once for the whole cluster.
@@ -290,11 +291,26 @@ class AicTiming:
         new = isl - prefix
         if batch == 0 or new <= 0:
             return 0.0
+        n0, step = _node(new)
+        if (
+            n0 == new
+            or not _SMOOTH_GEMM_TOKENS[0]
+            < batch * n0
+            < batch * (n0 + step)
+            <= (_SMOOTH_GEMM_TOKENS[1])
+        ):
+            return max(self._prefill_at(batch, new, prefix), 0.0)
+        ms = self._prefill_at(batch, n0, prefix)
+        ms += (self._prefill_at(batch, n0 + step, prefix) - ms) * ((new - n0) / step)
+        return max(ms, 0.0)
+
+    def _prefill_at(self, batch: int, new: int, prefix: int) -> float:
+        """Prefill of exactly ``new`` tokens, interpolated between prefix nodes."""
         p0, step = _node(prefix, _PREFIX_BITS)
         ms = self._prefill_node(batch, new, p0)
         if prefix != p0:
             ms += (self._prefill_node(batch, new, p0 + step) - ms) * ((prefix - p0) / step)
-        return max(ms, 0.0)
+        return ms
 
     def _prefill_node(self, batch: int, new: int, prefix: int) -> float:
         key = (batch, new, prefix)
@@ -367,6 +383,13 @@ _EXACT_BELOW_BITS = 7
 """Token counts below ``2 ** (_EXACT_BELOW_BITS - 1)`` (64) are AIC grid nodes
 themselves; above, an octave holds 64 nodes."""
 
+
+_SMOOTH_GEMM_TOKENS = (4352, 32768)
+"""Where AIC's prefill is smooth in the GEMM token count ``batch x new tokens``: it jumps
+(by up to 17%) as that count crosses a multiple of 256 up to 4,352, and again (up to
+5%, Llama-3.1-70B on B200) past 32,768; between them it has no step above 0.2%
+(scanned for Llama-3.1-8B, Qwen3-32B and Llama-3.1-70B, batches 1 and 2). New tokens
+are bucketed only in cells wholly inside this range; elsewhere they are exact."""
 
 _PREFIX_BITS = 5
 """Prefill prefixes are bucketed more coarsely, 16 nodes per octave (exact below 16):
