@@ -8,7 +8,9 @@ For every row of ``../shared/data/aiconfigurator/silicon_sample.csv`` (measured
 TTFT and TPOT of real deployments) that AIC's database covers, servesim
 simulates the deployment with AIC timing and compares:
 
-- agg rows: one worker of ``attention_dp_size`` DP ranks, TP ``tp_size``, fed
+- agg rows: one worker of ``attention_dp_size`` DP ranks, TP ``tp_size`` (or
+  several, round robin, when the concurrency is a multiple of what one worker's
+  ranks hold: see :func:`agg_replicas`), fed
   by a closed loop of the measured concurrency (``silicon_concurrency``; else
   ``batch_size``) of ``isl`` prompt and ``osl`` output tokens, ``2 x concurrency``
   requests in all (at least 16). The first wave arrives at once and is a
@@ -162,6 +164,16 @@ def concurrency_of(row: dict[str, str]) -> int:
     raise ValueError("no silicon_concurrency")
 
 
+def agg_replicas(row: dict[str, str], concurrency: int) -> int:
+    """Agg workers behind the client: ``batch_size`` is per attention-DP rank, so a
+    concurrency of ``k x batch_size x attention_dp_size`` (k > 1: 29 rows) means k
+    replicas of the worker, round robin."""
+    per_worker = number(row, "batch_size") * number(row, "attention_dp_size")
+    if concurrency > per_worker and concurrency % per_worker == 0:
+        return concurrency // per_worker
+    return 1
+
+
 def simulate(row: dict[str, str]) -> Result:
     """Replay one row's deployment; raises ServesimError/ValueError when not covered."""
     if number(row, "pp_size") > 1 or number(row, "prefill_pp_size") > 1:
@@ -174,10 +186,12 @@ def simulate(row: dict[str, str]) -> Result:
         input_tokens=isl, output_tokens=osl, request_count=max(2 * concurrency, 16)
     )
     if row["mode"] == "agg":
+        replicas = agg_replicas(row, concurrency)
         config = RunConfig(
             synthetic=workload,
             replay_concurrency=concurrency,
-            engine=engine(row, "", "aggregated", concurrency),
+            engine=engine(row, "", "aggregated", concurrency // replicas),
+            num_workers=replicas,
         )
     else:
         config = RunConfig(
@@ -194,9 +208,9 @@ def simulate(row: dict[str, str]) -> Result:
     static_ttft = static_tpot = None
     if row["mode"] == "agg":
         handle = aic.compile_engine(config.engine.timing_model.aic)
-        dp = config.engine.dp_size
+        per_rank = -(-concurrency // (config.engine.dp_size * config.num_workers))
         static_ttft = float(handle.predict_prefill_latency(1, isl, 0))
-        static_tpot = float(handle.predict_decode_latency(-(-concurrency // dp), isl + osl // 2, 2))
+        static_tpot = float(handle.predict_decode_latency(per_rank, isl + osl // 2, 2))
     return Result(
         row,
         statistics.median(ttfts),
