@@ -189,8 +189,8 @@ def test_unsupported_feature_key(tmp_path: Path, capsys: pytest.CaptureFixture[s
         capsys,
         *SYNTHETIC,
         "--extra-engine-args",
-        '{"gpu_memory_utilization": 0.9}',
-        expect=["'gpu_memory_utilization'", "not supported"],
+        '{"response_replay_trace_path": "r.jsonl"}',
+        expect=["'response_replay_trace_path'", "not supported"],
     )
 
 

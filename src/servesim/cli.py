@@ -31,6 +31,7 @@ from rich.progress import (
 )
 
 import servesim
+from servesim import aic
 from servesim.config import (
     EngineConfig,
     KeyInfo,
@@ -47,6 +48,7 @@ from servesim.metrics.html import write_html
 from servesim.metrics.report import read_report_json, write_lines, write_samples_jsonl
 from servesim.metrics.summary import Sla
 from servesim.metrics.terminal import render_text, renderables
+from servesim.presets import PRESETS
 from servesim.simulation import RunConfig, SyntheticWorkload, run
 from servesim.workload.formats import FORMATS, TraceOptions, canonical_format
 from servesim.workload.mooncake import STDIN
@@ -206,9 +208,17 @@ def build_parser() -> _Parser:
         "--html", metavar="PATH", type=Path, help="write the report's HTML page here"
     )
     report.add_argument("--quiet", action="store_true", help="print nothing")
+    timing = sub.add_parser(
+        "timing",
+        help="list the timing presets and the AIC systems, backends and models",
+        description='List the measured timing presets ({"profile": name}) and, with the\n'
+        "aic extra installed, the systems, backends (versions) and models AIC timing covers.",
+    )
+    timing.add_argument("action", choices=["list"], help="what to do: list")
     p.set_defaults(command_parser=p)
     keys.set_defaults(command_parser=keys)
     report.set_defaults(command_parser=report)
+    timing.set_defaults(command_parser=timing)
     _add_replay_arguments(p)
     _add_trace_commands(sub)
     return parser
@@ -931,6 +941,25 @@ def render_keys() -> str:
     return "\n".join(lines)
 
 
+def render_timing_list() -> str:
+    """The ``servesim timing list`` listing: presets, then what AIC timing covers."""
+    lines = ['Timing presets (timing_model: {"profile": NAME}):']
+    width = max(len(name) for name in PRESETS)
+    lines += [f"  {name:<{width}}  {preset.description}" for name, preset in PRESETS.items()]
+    lines += ["", 'AIC timing (timing_model: {"type": "aic", "system": S, "model": M, ...}):']
+    if not aic.is_installed():
+        return "\n".join([*lines, f"  not available: {aic.INSTALL_HINT}"])
+    systems = aic.databases()
+    width = max(len(system) for system in systems)
+    lines.append(f"  {'system':<{width}}  backends (versions)")
+    for system, backends in systems.items():
+        shown = ", ".join(f"{b} ({', '.join(v)})" for b, v in backends.items())
+        lines.append(f"  {system:<{width}}  {shown}")
+    lines += ["", f"  models ({len(aic.models())}, those whose configuration ships with AIC):"]
+    lines += [f"    {name}" for name in aic.models()]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code.
 
@@ -973,6 +1002,9 @@ def _main(argv: Sequence[str] | None) -> int:
         except OSError as exc:
             print(f"servesim: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
             return 2
+    if args.command == "timing":
+        print(render_timing_list())
+        return 0
     # As the reference: an existing directory gets the report inside it.
     if args.report_json is not None and args.report_json.is_dir():
         args.report_json = args.report_json / "servesim_report.json"

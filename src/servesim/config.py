@@ -14,12 +14,20 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from servesim.aic import (
+    DEFAULT_MEMORY_FRACTION,
+    MEMORY_FRACTION_KEYS,
+    AicSpec,
+    check_covered,
+    kv_memory,
+)
 from servesim.errors import ConfigError
+from servesim.presets import PRESETS, preset_path
 
 
 class Role(StrEnum):
@@ -158,13 +166,16 @@ DEFAULT_ACCEPT_RATES = (0.85, 0.3, 0.0, 0.0, 0.0)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimingModelConfig:
     """Which timing model prices a pass: ``polynomial`` (default), ``interpolated`` (NPZ,
-    at ``path``) or ``fixed`` (``prefill_ms`` for a pass that prefills anything, plus
-    ``decode_ms`` for one that decodes anything)."""
+    at ``path``; ``profile`` names a shipped preset), ``fixed`` (``prefill_ms`` for a pass
+    that prefills anything, plus ``decode_ms`` for one that decodes anything) or ``aic``
+    (AIConfigurator's database, engine ``aic``)."""
 
     type: str = "polynomial"
     path: str | os.PathLike[str] | None = None
+    profile: str | None = None
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
+    aic: AicSpec | None = None
 
     def __post_init__(self) -> None:
         if self.path is not None and not isinstance(self.path, str):
@@ -172,15 +183,40 @@ class TimingModelConfig:
             object.__setattr__(self, "path", os.fspath(self.path))
 
     @property
-    def profile(self) -> str:
+    def profile_path(self) -> str:
         """The measured profile's path (``interpolated`` only)."""
         assert self.path is not None, "an interpolated timing model has a path"
         return os.fspath(self.path)
 
 
+def _name(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"'{key}' must be a non-empty string, got {value!r}")
+    return value
+
+
+_AIC_FIELDS: dict[str, Parser] = {
+    "system": _name,
+    "model": _name,
+    "backend": _choice(*Backend),
+    "backend_version": _name,
+    "tp_size": _int(1),
+    "attention_dp_size": _int(1),
+    "moe_tp_size": _int(1),
+    "moe_ep_size": _int(1),
+    "gemm_quant": _name,
+    "moe_quant": _name,
+    "kvcache_quant": _name,
+}
+"""The fields of an ``aic`` timing model (``system`` and ``model`` are required; the
+backend defaults to the engine's, ``tp_size`` to its ``tensor_parallel_size``)."""
+
+
 def _timing_model(key: str, value: Any) -> TimingModelConfig:
     if not isinstance(value, dict):
         raise ConfigError(f'\'{key}\' must be a JSON object like {{"type": "polynomial"}}')
+    if "profile" in value:
+        return _preset(key, value)
     kind = value.get("type")
     if kind == "polynomial":
         extra = set(value) - {"type"}
@@ -207,9 +243,46 @@ def _timing_model(key: str, value: Any) -> TimingModelConfig:
                 raise ConfigError(f"'{key}': type 'fixed' needs '{name}' (milliseconds per pass)")
             times[name] = _float(0.0)(f"{key}.{name}", value[name])
         return TimingModelConfig(type="fixed", **times)
+    if kind == "aic":
+        return _aic_timing(key, value)
     raise ConfigError(
-        f"'{key}': type must be 'polynomial', 'interpolated' or 'fixed', got {kind!r}"
+        f"'{key}': type must be 'polynomial', 'interpolated', 'fixed' or 'aic' (or give a "
+        f"'profile'), got {kind!r}"
     )
+
+
+def _preset(key: str, value: dict[str, Any]) -> TimingModelConfig:
+    extra = set(value) - {"type", "profile"}
+    if extra or value.get("type", "interpolated") != "interpolated":
+        raise ConfigError(
+            f"'{key}': a 'profile' preset takes no other field, got {sorted(set(value))}"
+        )
+    name = value["profile"]
+    if name not in PRESETS:
+        raise ConfigError(
+            f"'{key}': unknown profile {name!r}; the presets are: {', '.join(PRESETS)} "
+            "(servesim timing list)"
+        )
+    return TimingModelConfig(type="interpolated", path=str(preset_path(name)), profile=name)
+
+
+def _aic_timing(key: str, value: dict[str, Any]) -> TimingModelConfig:
+    extra = set(value) - {"type", *_AIC_FIELDS}
+    if extra:
+        raise ConfigError(
+            f"'{key}': unknown field(s) {sorted(extra)} for type 'aic' (it takes "
+            f"{', '.join(_AIC_FIELDS)})"
+        )
+    for name in ("system", "model"):
+        if name not in value:
+            raise ConfigError(f"'{key}': type 'aic' needs '{name}' (servesim timing list)")
+    fields = {
+        name: _AIC_FIELDS[name](f"{key}.{name}", value[name]) for name in value if name != "type"
+    }
+    # The backend and TP size are filled in from the engine (see _resolve_aic).
+    fields.setdefault("backend", "")
+    fields.setdefault("tp_size", 0)
+    return TimingModelConfig(type="aic", aic=AicSpec(**fields))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -443,9 +516,9 @@ _ENGINE_KEYS: KeyTable = {
     ),
     "is_prefill": ("is_prefill", _bool, False),
     "is_decode": ("is_decode", _bool, False),
-    "gpu_memory_utilization": (None, _only(None, "AIC memory sizing"), None),
-    "mem_fraction_static": (None, _only(None, "AIC memory sizing"), None),
-    "free_gpu_memory_fraction": (None, _only(None, "AIC memory sizing"), None),
+    "gpu_memory_utilization": (None, _float(0.0, nullable=True, maximum=1.0), None),
+    "mem_fraction_static": (None, _float(0.0, nullable=True, maximum=1.0), None),
+    "free_gpu_memory_fraction": (None, _float(0.0, nullable=True, maximum=1.0), None),
     "cuda_graph_reserved_bytes": (None, _only(None, "AIC memory sizing"), None),
     # Output shaping (which output tokens are thinking tokens): validated, no effect on
     # timing or on anything the report shows, as in the reference.
@@ -473,7 +546,7 @@ _NOT_YET = "not simulated yet: only the default is accepted"
 _ENGINE_KEY_MEANINGS = {
     "backend": "engine to simulate: vllm, sglang or trtllm (case-insensitive)",
     "engine_type": "the same as backend",
-    "num_gpu_blocks": "KV cache capacity of each DP rank, in blocks",
+    "num_gpu_blocks": "KV cache capacity of each DP rank, in blocks (derived from the model and GPU memory with AIC timing)",
     "block_size": "tokens per KV block",
     "max_model_len": "longest prompt plus output a request may have (null: unbounded)",
     "max_num_seqs": "most requests running at once per DP rank (null: unbounded)",
@@ -484,7 +557,7 @@ _ENGINE_KEY_MEANINGS = {
     "decode_speedup_ratio": "divide decode time by this as well",
     "preemption_mode": "which running request loses its KV first when blocks run out: lifo or fifo",
     "worker_type": "aggregated, prefill or decode; must match the pool it configures",
-    "timing_model": 'pass pricing: {"type": "polynomial"}, "interpolated" (with "path" to an NPZ) or "fixed" (with "prefill_ms", "decode_ms")',
+    "timing_model": 'pass pricing: {"type": "polynomial"}, "interpolated" (with "path" to an NPZ), "fixed" (with "prefill_ms", "decode_ms"), "aic" (with "system", "model"), or {"profile": name} (servesim timing list)',
     "dp_size": "data-parallel ranks per worker, each with its own scheduler and KV cache",
     "tensor_parallel_size": "GPUs per DP rank (counts towards GPU-hours)",
     "startup_time": "seconds a worker a planner adds is starting (paid for, not routable); null: ready at once",
@@ -510,14 +583,14 @@ _ENGINE_KEY_MEANINGS = {
     "kv_transfer_link_model": "P/D: shared (max-min fair links) or independent transfers",
     "is_prefill": "legacy form of worker_type prefill",
     "is_decode": "legacy form of worker_type decode",
-    "gpu_memory_utilization": f"AIC memory sizing; {_NOT_YET}",
-    "mem_fraction_static": f"AIC memory sizing; {_NOT_YET}",
-    "free_gpu_memory_fraction": f"AIC memory sizing; {_NOT_YET}",
+    "gpu_memory_utilization": "AIC timing, vllm: share of the GPU's memory for weights, activations and KV when num_gpu_blocks is derived (null: 0.9)",
+    "mem_fraction_static": "AIC timing, sglang: share of the GPU's memory for weights, activations and KV when num_gpu_blocks is derived (null: 0.9)",
+    "free_gpu_memory_fraction": "AIC timing, trtllm: share of the memory left after weights and activations for weights, activations and KV when num_gpu_blocks is derived (null: 0.9)",
     "cuda_graph_reserved_bytes": f"AIC memory sizing; {_NOT_YET}",
     "reasoning": "object of reasoning.* keys: which output tokens are thinking tokens (validated; changes nothing reported)",
     "response_replay_trace_path": f"response replay; {_NOT_YET}",
     "router_queue_policy": f"router queueing from engine args; {_NOT_YET}",
-    "kv_cache_bytes_per_token": "KV bytes of one token in GPU memory (sizes offloaded blocks)",
+    "kv_cache_bytes_per_token": "KV bytes of one token in GPU memory (sizes offloaded blocks; derived from the model with AIC timing)",
     "native_host_offload": "object of native_host_offload.* keys: a host-memory KV tier (vllm)",
     "g3_offload": "object of g3_offload.* keys: a disk KV tier under the host tier (vllm)",
 }
@@ -648,7 +721,6 @@ def parse_engine_args(
             )
     values.pop("trtllm", None)  # its one policy is the only one accepted
     _check_speculative(values, source)
-    _check_offload(values, source)
     sglang = values.pop("sglang", None) or {}
     page_size = sglang.pop("page_size", None)
     if "block_size" not in values:
@@ -662,7 +734,43 @@ def parse_engine_args(
         raise ConfigError(
             f"{source}: block_size must be >= 2 for the {backend} backend, got {block_size}"
         )
+    timing = values.get("timing_model")
+    if timing is not None and timing.aic is not None:
+        _resolve_aic(values, raw, source)
+    _check_offload(values, source)
     return EngineConfig(**values)
+
+
+def _resolve_aic(values: dict[str, Any], raw: Mapping[str, Any], source: str) -> None:
+    """Complete an ``aic`` timing model from the engine (backend, TP size), check the
+    database covers it, and derive the KV capacity and bytes per token not given."""
+    timing: TimingModelConfig = values["timing_model"]
+    spec = timing.aic
+    assert spec is not None
+    tp = values.get("tensor_parallel_size", 1)
+    if spec.tp_size and "tensor_parallel_size" in raw and spec.tp_size != tp:
+        raise ConfigError(
+            f"{source}: timing_model.tp_size ({spec.tp_size}) and tensor_parallel_size ({tp}) "
+            "disagree (give one of them)"
+        )
+    if spec.tp_size:
+        values["tensor_parallel_size"] = spec.tp_size
+    spec = replace(spec, backend=spec.backend or str(values["backend"]), tp_size=spec.tp_size or tp)
+    check_covered(spec, f"{source}: 'timing_model'")
+    values["timing_model"] = replace(timing, aic=spec)
+    if "num_gpu_blocks" in raw and "kv_cache_bytes_per_token" in raw:
+        return
+    fraction_key = MEMORY_FRACTION_KEYS[spec.backend]
+    fraction = raw.get(fraction_key)
+    memory = kv_memory(
+        spec,
+        block_size=values["block_size"],
+        fraction=DEFAULT_MEMORY_FRACTION[spec.backend] if fraction is None else float(fraction),
+        max_num_tokens=values.get("max_num_batched_tokens", 8192) or 8192,
+        max_batch_size=values.get("max_num_seqs", 256) or 256,
+    )
+    values.setdefault("num_gpu_blocks", memory.num_gpu_blocks)
+    values.setdefault("kv_cache_bytes_per_token", memory.kv_bytes_per_token)
 
 
 def _check_speculative(values: dict[str, Any], source: str) -> None:

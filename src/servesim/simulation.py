@@ -492,7 +492,7 @@ def _replay_with(
 def _timing(engine: EngineConfig) -> str:
     tm = engine.timing_model
     if tm.type == "interpolated":
-        return f"measured profile {Path(tm.profile).name}"
+        return f"measured profile {Path(tm.profile_path).name}"
     if tm.type == "fixed":
         return f"fixed: prefill {tm.prefill_ms:g} ms, decode {tm.decode_ms:g} ms per pass"
     return "polynomial (the reference's default fit)"
