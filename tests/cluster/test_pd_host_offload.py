@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from servesim import RunConfig, parse_engine_args, run
-from servesim.config import ConfigError, Role
+from servesim.config import Role
+from servesim.errors import ConfigError
 from servesim.metrics.collector import RequestRecord
 from tests.support import HANDOFF_TIMELINE, write_trace
 

@@ -157,12 +157,13 @@ def test_the_prefill_and_decode_pools_join_the_same_tier(tmp_path: Path) -> None
     """P/D, both pools in the tier, decode copies at 0.25 GB/s: the decode worker finds A's
     prompt already stored by the prefill worker, stores nothing and holds nothing, so C's
     reservation (at its prefill's end, 22 ms) is granted at once."""
-    settings = {"num_gpu_blocks": 16, "native_host_offload": shared(d2h_bandwidth_gbps=0.25)}
     report = run(
         RunConfig(
             trace=write_trace(tmp_path / "trace.jsonl", [A, (12.0, 64, 2, [5, 6, 7, 8])]),
             trace_block_size=16,
-            prefill_engine=parse_engine_args(engine(**settings), role=Role.PREFILL),
+            prefill_engine=parse_engine_args(
+                engine(host=shared(d2h_bandwidth_gbps=0.25), num_gpu_blocks=16), role=Role.PREFILL
+            ),
             decode_engine=parse_engine_args(
                 engine(host=shared(d2h_bandwidth_gbps=0.25)), role=Role.DECODE
             ),

@@ -154,9 +154,10 @@ def test_dynamo_agent_trace_lowers_to_one_play() -> None:
         "dynamo-agentic.jsonl", trace_format="dynamo", execution_model="tiny-model"
     )
     assert child_first.arrival_time_ms == 20.0
+    assert child_first.terminal_time_ms is not None
     assert child_last.arrival_time_ms == pytest.approx(
         child_first.terminal_time_ms + 20.0, abs=1e-9
-    )  # type: ignore[operator]
+    )
     assert consumer.arrival_time_ms == pytest.approx(child_last.terminal_time_ms + 40.0, abs=1e-9)  # type: ignore[operator]
     assert consumer.terminal_time_ms == pytest.approx(149.209672, abs=1e-6)
     assert {r.play_id for r in (source, consumer)} == {"dynamo-play:parent-source"}
