@@ -12,8 +12,8 @@ from servesim import parse_engine_args
 from servesim.cli import main
 from servesim.engine.timing import InterpolatedTiming, make_timing
 
-DYNAMO = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "dynamo"
-H200 = DYNAMO / "profiling_results" / "H200_TP1P_TP1D"
+# Dynamo's measured points, copied from the ai-dynamo 1.6.1 wheel (tests/data/README.md).
+H200 = Path(__file__).resolve().parents[1] / "data" / "h200_tp1p_tp1d"
 
 
 def preset() -> InterpolatedTiming:
@@ -23,15 +23,14 @@ def preset() -> InterpolatedTiming:
     return timing
 
 
-@pytest.mark.skipif(not H200.is_dir(), reason="the shared Dynamo measurements are not here")
 def test_the_h200_preset_reproduces_every_measured_point() -> None:
     """17 prefill points exactly; 41 decode points at their KV token count (rounded to a
     whole token, as the schedulers give it) and context: largest error 2e-7 relative."""
     timing = preset()
-    with np.load(H200 / "selected_prefill_interpolation" / "raw_data.npz") as prefill:
+    with np.load(H200 / "prefill_raw_data.npz") as prefill:
         for isl, ttft in zip(prefill["prefill_isl"], prefill["prefill_ttft"], strict=True):
             assert timing.prefill_ms(1, int(isl), 0) == pytest.approx(float(ttft), rel=1e-12)
-    with np.load(H200 / "selected_decode_interpolation" / "raw_data.npz") as decode:
+    with np.load(H200 / "decode_raw_data.npz") as decode:
         capacity = float(np.ravel(decode["max_kv_tokens"])[0])
         points = zip(decode["x_kv_usage"], decode["y_context_length"], decode["z_itl"], strict=True)
         errors = [
