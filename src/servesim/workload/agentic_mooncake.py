@@ -27,10 +27,14 @@ from typing import Any
 
 from servesim.errors import TraceError
 from servesim.workload.agentic import AgenticGraph, Node, Trigger, build_graph
-from servesim.workload.mooncake import Interner, label, open_trace, read_lines
+from servesim.workload.mooncake import Interner, json_lines, label
 from servesim.workload.request import BlockContentCache, RequestSpec, TracePrompt
 
 SCHEMA = "dynamo.agentic_mooncake"
+
+
+def _not_a_header(where: str, text: str, error: json.JSONDecodeError) -> str:
+    return _header_message(where, f"invalid JSON: {error.msg}")
 
 
 def read_agentic_mooncake(path: Path) -> AgenticGraph:
@@ -46,26 +50,14 @@ def read_agentic_mooncake(path: Path) -> AgenticGraph:
     models: set[str] = set()
     interner = Interner()
     cache = BlockContentCache()
-    with open_trace(path) as handle:
-        for line_no, text in read_lines(handle, name):
-            if not text.strip():
-                continue
-            where = f"{name}:{line_no}"
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                if header is None:
-                    raise TraceError(_header_message(where, f"invalid JSON: {exc.msg}")) from None
-                raise TraceError(
-                    f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
-                ) from None
-            if header is None:
-                header = _header(obj, where)
-                continue
-            node, deps = _node(obj, where, header["block_size"], interner, cache)
-            models.add(str(obj.get("model") or "unknown"))
-            nodes.append(node)
-            parents.append(deps)
+    for where, _, obj in json_lines(path, _not_a_header):
+        if header is None:
+            header = _header(obj, where)
+            continue
+        node, deps = _node(obj, where, header["block_size"], interner, cache)
+        models.add(str(obj.get("model") or "unknown"))
+        nodes.append(node)
+        parents.append(deps)
     if header is None or not nodes:
         raise TraceError(f"trace file {name} did not contain any requests")
     source = header.get("source")

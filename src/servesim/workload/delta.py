@@ -33,13 +33,12 @@ i's prompt are those of group ``i mod num_prefix_groups``.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from servesim.errors import TraceError
-from servesim.workload.mooncake import label, open_trace, read_lines, read_mooncake
+from servesim.workload.mooncake import json_lines, label, read_mooncake
 from servesim.workload.request import (
     BlockContentCache,
     RequestSpec,
@@ -129,34 +128,16 @@ def read_applied_compute(
     cache = BlockContentCache()
     ids = _FreshIds()
     sessions: list[Session] = []
-    name = label(path)
-    with open_trace(path) as handle:
-        for line_no, text in read_lines(handle, name):
-            if not text.strip():
-                continue
-            where = f"{name}:{line_no}"
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TraceError(
-                    f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
-                ) from None
-            index = len(sessions)
-            group = index % num_prefix_groups if num_prefix_groups and shared_prefix_ratio else None
-            sessions.append(
-                _applied_session(
-                    obj,
-                    where,
-                    index,
-                    group,
-                    shared_prefix_ratio,
-                    trace_block_size,
-                    ids,
-                    cache,
-                )
+    for where, _, obj in json_lines(path):
+        index = len(sessions)
+        group = index % num_prefix_groups if num_prefix_groups and shared_prefix_ratio else None
+        sessions.append(
+            _applied_session(
+                obj, where, index, group, shared_prefix_ratio, trace_block_size, ids, cache
             )
+        )
     if not sessions:
-        raise TraceError(f"trace file {name} did not contain any sessions")
+        raise TraceError(f"trace file {label(path)} did not contain any sessions")
     return sessions
 
 

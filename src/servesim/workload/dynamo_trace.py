@@ -35,7 +35,6 @@ one-turn Mooncake row.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from typing import Any
 
 from servesim.errors import TraceError
 from servesim.workload.agentic import AgenticGraph, Node, Trigger, build_graph
-from servesim.workload.mooncake import Interner, label, open_trace, read_lines
+from servesim.workload.mooncake import Interner, json_lines, label
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
 
 SCHEMA = "dynamo.request.trace.v1"
@@ -97,35 +96,24 @@ def read_dynamo(paths: list[Path], *, trace_block_size: int | None) -> DynamoTra
     block_size: int | None = None
     first_where = ""
     for path in paths:
-        name = label(path)
-        with open_trace(path) as handle:
-            for line_no, text in read_lines(handle, name):
-                if not text.strip():
-                    continue
-                where = f"{name}:{line_no}"
-                try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError as exc:
+        for where, _, obj in json_lines(path):
+            if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
+                continue
+            kind = obj.get("event_type")
+            if kind == "request_end":
+                request = _request(obj, where)
+                if block_size is None:
+                    block_size, first_where = request.block_size, where
+                elif request.block_size != block_size:
                     raise TraceError(
-                        f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
-                    ) from None
-                if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
-                    continue
-                kind = obj.get("event_type")
-                if kind == "request_end":
-                    request = _request(obj, where)
-                    if block_size is None:
-                        block_size, first_where = request.block_size, where
-                    elif request.block_size != block_size:
-                        raise TraceError(
-                            f"{where}: trace block size {request.block_size} differs from "
-                            f"{block_size} at {first_where} (all shards must share one)"
-                        )
-                    requests.append(request)
-                elif kind == "tool_end":
-                    tool = _tool(obj, where)
-                    if tool is not None:
-                        tools.append(tool)
+                        f"{where}: trace block size {request.block_size} differs from "
+                        f"{block_size} at {first_where} (all shards must share one)"
+                    )
+                requests.append(request)
+            elif kind == "tool_end":
+                tool = _tool(obj, where)
+                if tool is not None:
+                    tools.append(tool)
     if block_size is None:
         raise TraceError(
             f"trace {', '.join(label(p) for p in paths)} did not contain any "

@@ -23,7 +23,7 @@ import json
 import math
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,6 +181,28 @@ def open_trace(path: Path) -> Iterator[io.BufferedIOBase]:
 
 def _read_rows(path: Path, trace_block_size: int, cache: BlockContentCache) -> Iterator[_Row]:
     interner = Interner()
+    for where, line_no, obj in json_lines(path, lambda where, text, _: _not_jsonl(where, text)):
+        yield parse_row(obj, where, line_no, trace_block_size, interner, cache)
+
+
+def _not_jsonl(where: str, text: str) -> str:
+    """The message for a trace whose first line is not JSON: most likely another format."""
+    line = text.strip()
+    shown = line if len(line) <= 60 else line[:57] + "..."
+    kind = "looks like CSV" if "," in line and line[0] not in "{[" else "is not JSON"
+    return f"{where}: not a Mooncake trace: this line {kind} ({shown!r}); {_EXPECTED}"
+
+
+def json_lines(
+    path: Path, first_error: Callable[[str, str, json.JSONDecodeError], str] | None = None
+) -> Iterator[tuple[str, int, Any]]:
+    """Each non-blank line of a JSONL trace, parsed, with where it is (``file:line``) and
+    its number.
+
+    Raises:
+        TraceError: a line is not JSON (``first_error(where, text, error)`` words the
+            message for the first line, most likely a file of another format).
+    """
     name = label(path)
     first = True
     with open_trace(path) as handle:
@@ -191,21 +213,13 @@ def _read_rows(path: Path, trace_block_size: int, cache: BlockContentCache) -> I
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
-                if first:
-                    raise TraceError(_not_jsonl(where, text)) from None
+                if first and first_error is not None:
+                    raise TraceError(first_error(where, text, exc)) from None
                 raise TraceError(
                     f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
                 ) from None
             first = False
-            yield parse_row(obj, where, line_no, trace_block_size, interner, cache)
-
-
-def _not_jsonl(where: str, text: str) -> str:
-    """The message for a trace whose first line is not JSON: most likely another format."""
-    line = text.strip()
-    shown = line if len(line) <= 60 else line[:57] + "..."
-    kind = "looks like CSV" if "," in line and line[0] not in "{[" else "is not JSON"
-    return f"{where}: not a Mooncake trace: this line {kind} ({shown!r}); {_EXPECTED}"
+            yield where, line_no, obj
 
 
 def read_lines(handle: io.BufferedIOBase, label: str) -> Iterator[tuple[int, str]]:

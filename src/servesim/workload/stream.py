@@ -34,7 +34,7 @@ from typing import Any
 
 from servesim.errors import ConfigError, TraceError
 from servesim.workload.admission import Released
-from servesim.workload.mooncake import STDIN, label, open_trace, parse_row, read_lines
+from servesim.workload.mooncake import STDIN, json_lines, label, open_trace, parse_row, read_lines
 from servesim.workload.request import OUTPUT_TOKEN_BASE, BlockContentCache
 
 CACHE_ENTRIES = 1 << 15
@@ -136,27 +136,16 @@ class StreamQueue:
 
     def _read(self, tbs: int) -> Iterator[tuple[float | None, Any]]:
         path, cache, tokens = self._plan.path, self._cache, _IdentityTokens()
-        name = label(path)
-        with open_trace(path) as handle:
-            for line_no, text in read_lines(handle, name):
-                if not text.strip():
-                    continue
-                where = f"{name}:{line_no}"
-                try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise TraceError(
-                        f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
-                    ) from None
-                row = parse_row(obj, where, line_no, tbs, tokens, cache)
-                if row.delay:
-                    raise TraceError(
-                        f"{where}: sets delay on the first turn of session request_{line_no}"
-                    )
-                row.spec.affinity_key = f"request_{line_no}"
-                if cache.size() > CACHE_ENTRIES:
-                    cache.clear()
-                yield row.timestamp, row.spec
+        for where, line_no, obj in json_lines(path):
+            row = parse_row(obj, where, line_no, tbs, tokens, cache)
+            if row.delay:
+                raise TraceError(
+                    f"{where}: sets delay on the first turn of session request_{line_no}"
+                )
+            row.spec.affinity_key = f"request_{line_no}"
+            if cache.size() > CACHE_ENTRIES:
+                cache.clear()
+            yield row.timestamp, row.spec
 
     def _due(self, timestamp: float | None) -> float:
         assert timestamp is not None
