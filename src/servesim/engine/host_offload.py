@@ -65,6 +65,11 @@ class _Load:
         """GPU prefix the request holds once the load is done: its own plus the loaded blocks."""
         return self.base_blocks + len(self.keys)
 
+    @property
+    def tail_blocks(self) -> int:
+        """Blocks the request will still need beyond its prefix."""
+        return max(0, self.footprint_blocks - self.prefix_blocks)
+
 
 @dataclass(slots=True)
 class _RequestState:
@@ -166,13 +171,11 @@ class HostOffload:
     def unreserved_tail(self, request: EngineRequest) -> int:
         """Blocks a loading or activated request will still need beyond its prefix."""
         load = self._states[request.uid].load
-        return 0 if load is None else max(0, load.footprint_blocks - load.prefix_blocks)
+        return 0 if load is None else load.tail_blocks
 
     def unreserved_tails(self) -> int:
         """:meth:`unreserved_tail` summed over the rank's requests."""
-        return sum(
-            max(0, ld.footprint_blocks - ld.prefix_blocks) for ld in self._with_load.values()
-        )
+        return sum(load.tail_blocks for load in self._with_load.values())
 
     # ----- the waiting loop -----
 

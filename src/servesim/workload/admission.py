@@ -49,18 +49,26 @@ class Admission(Protocol):
         ...
 
 
+def check_pacing(concurrency: int | None, speedup: float) -> None:
+    """Refuse a closed loop of no requests or an arrival speed-up that is not a finite
+    positive number (every admission checks both).
+
+    Raises:
+        ConfigError: naming the setting.
+    """
+    if concurrency is not None and concurrency < 1:
+        raise ConfigError(f"replay concurrency must be at least 1, got {concurrency}")
+    if not (math.isfinite(speedup) and speedup > 0):
+        raise ConfigError(f"arrival speedup ratio must be a finite positive number, got {speedup}")
+
+
 class AdmissionQueue:
     """Releases requests as they become ready and tracks sessions in flight."""
 
     def __init__(
         self, sessions: list[Session], *, concurrency: int | None = None, speedup: float = 1.0
     ) -> None:
-        if concurrency is not None and concurrency < 1:
-            raise ConfigError(f"replay concurrency must be at least 1, got {concurrency}")
-        if not (math.isfinite(speedup) and speedup > 0):
-            raise ConfigError(
-                f"arrival speedup ratio must be a finite positive number, got {speedup}"
-            )
+        check_pacing(concurrency, speedup)
         self._sessions = sessions
         self._concurrency = concurrency
         self._delay_speedup = 1.0 if concurrency is not None else speedup

@@ -34,7 +34,7 @@ from enum import Enum
 from typing import Any
 
 from servesim.errors import ConfigError, TraceError
-from servesim.workload.admission import Released
+from servesim.workload.admission import Released, check_pacing
 from servesim.workload.request import RequestSpec
 
 
@@ -219,10 +219,7 @@ class AgenticQueue:
     ) -> None:
         if lanes is not None and lanes < 1:
             raise ConfigError(f"agentic lanes must be at least 1, got {lanes}")
-        if not (math.isfinite(speedup) and speedup > 0):
-            raise ConfigError(
-                f"arrival speedup ratio must be a finite positive number, got {speedup}"
-            )
+        check_pacing(None, speedup)
         self.graph = graph
         nodes = graph.nodes
         # As the reference: not_before times count from the earliest of any node, and they

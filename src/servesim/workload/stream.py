@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servesim.errors import ConfigError, TraceError
-from servesim.workload.admission import Released
+from servesim.errors import TraceError
+from servesim.workload.admission import Released, check_pacing
 from servesim.workload.mooncake import STDIN, json_lines, label, open_trace, parse_row, read_lines
 from servesim.workload.request import OUTPUT_TOKEN_BASE, BlockContentCache
 
@@ -119,12 +119,7 @@ class StreamQueue:
         concurrency: int | None = None,
         speedup: float = 1.0,
     ) -> None:
-        if concurrency is not None and concurrency < 1:
-            raise ConfigError(f"replay concurrency must be at least 1, got {concurrency}")
-        if not (math.isfinite(speedup) and speedup > 0):
-            raise ConfigError(
-                f"arrival speedup ratio must be a finite positive number, got {speedup}"
-            )
+        check_pacing(concurrency, speedup)
         self._plan = plan
         self._concurrency = concurrency
         self._speedup = speedup
