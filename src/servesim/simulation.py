@@ -22,7 +22,6 @@ from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.collector import Collector, RequestRecord
-from servesim.metrics.html import render_html, write_html
 from servesim.metrics.report import (
     document_json,
     parse_report_json,
@@ -34,7 +33,6 @@ from servesim.metrics.series import PoolShape, build_series
 from servesim.metrics.stats import describe
 from servesim.metrics.summary import Cost, Sla, summarize
 from servesim.metrics.telemetry import Telemetry, TrafficWindow
-from servesim.metrics.terminal import render_text
 from servesim.router.affinity import MODES as AFFINITY_MODES
 from servesim.router.affinity import SessionAffinity
 from servesim.router.indexer import KvIndexer
@@ -200,10 +198,14 @@ class Report:
 
     def table(self, *, width: int = 100, color: bool = False) -> str:
         """The terminal report as plain text (ANSI colours with ``color``)."""
+        from servesim.metrics.terminal import render_text  # rich loads only to render
+
         return render_text(self.document(), width=width, color=color)
 
     def to_html(self) -> str:
         """The self-contained HTML page of this run (what ``--html`` writes)."""
+        from servesim.metrics.html import render_html
+
         return render_html(self.document())
 
     def save(
@@ -223,6 +225,8 @@ class Report:
         if jsonl_path is not None:
             write_requests_jsonl(Path(jsonl_path), self.records)
         if html_path is not None:
+            from servesim.metrics.html import write_html
+
             write_html(Path(html_path), self.document())
 
 
