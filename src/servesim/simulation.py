@@ -459,7 +459,8 @@ def _replay_with(
     outcome = runtime.run(config.max_sim_time_ms)
     wall_ms = (time.perf_counter() - started) * 1000.0
     cost = cost_of(outcome.worker_seconds)
-    summary = summarize(collector, cost=cost, sla=config.sla, wall_time_ms=wall_ms)
+    facts = collector.facts()
+    summary = summarize(collector, facts, cost=cost, sla=config.sla, wall_time_ms=wall_ms)
     if disk is not None:
         summary["g3_offload"] = disk.summary()
     if shared_host is not None:
@@ -484,9 +485,7 @@ def _replay_with(
         run=describe_run(
             config, sessions=sessions, requests=total, time_limited=outcome.time_limited
         ),
-        series=build_series(
-            collector.records, pool_shapes(config, [len(p.workers) for p in flow.pools])
-        ),
+        series=build_series(facts, pool_shapes(config, [len(p.workers) for p in flow.pools])),
         records=collector.records,
         time_limited=outcome.time_limited,
         sections=sections,
