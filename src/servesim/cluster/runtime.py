@@ -20,6 +20,9 @@ there without settling anything. Before either, fast-forward windows are
 split at the sample time (:meth:`Worker.split_at`) so that the pass ends
 before it happen, as stepping would have them. Cost is priced only at the
 timestamps the run has without telemetry, so sampling changes no output.
+A planner's tick (:mod:`servesim.cluster.planner`) splits windows the same
+way, so that the forward-pass metrics it reads are those of the passes ended
+by then.
 
 What happens to a request between arrival and its end is the *flow*'s
 business (:mod:`servesim.cluster.flows`); the runtime owns the clock, the
@@ -106,6 +109,8 @@ class Pool:
         self.stage = stage
         self.workers = workers
         self.states = [WorkerState.ACTIVE] * len(workers)
+        # When each worker entered its state (a planner's idle-FPM clock starts at readiness).
+        self.since = [0.0] * len(workers)
         self._completions = completions
         self._factory = factory
         # Workers whose state changed since they last tried to start a pass (a
@@ -148,6 +153,7 @@ class Pool:
                 worker_id = len(self.workers)
                 self.workers.append(self._factory(worker_id))
                 self.states.append(WorkerState.REMOVED)  # set just below
+                self.since.append(now)
                 state = WorkerState.STARTING if startup_ms > 0 else WorkerState.ACTIVE
                 self._move(worker_id, state, now, new=True)
                 self.provisioned += 1
@@ -187,6 +193,7 @@ class Pool:
     def _move(self, worker_id: int, state: WorkerState, now: float, *, new: bool = False) -> None:
         before = None if new else self.states[worker_id]
         self.states[worker_id] = state
+        self.since[worker_id] = now
         self.transitions.append(
             Transition(at_ms=now, stage=self.stage, worker_id=worker_id, prior=before, state=state)
         )
@@ -254,8 +261,9 @@ class Ledger:
         self.collector = collector
         self._admission = admission
         self._progress = progress
-        # With telemetry: the traffic of the current sample interval.
-        self.traffic: TrafficWindow | None = None
+        # The traffic windows that watch the workload (telemetry's sample interval, the
+        # planner's time since its last tick).
+        self.windows: list[TrafficWindow] = []
         self._records: dict[int, RequestRecord] = {}
         self._released: dict[int, Released] = {}
         self._ended = 0
@@ -294,8 +302,9 @@ class Ledger:
         """The request completed or was rejected at ``now``; its session may go on."""
         record = self._records.pop(uid)
         self.collector.on_terminal(record, now, terminal)
-        if self.traffic is not None and terminal is Terminal.COMPLETED:
-            self.traffic.on_completed(record)
+        if terminal is Terminal.COMPLETED:
+            for window in self.windows:
+                window.on_completed(record)
         self._admission.on_finished(self._released.pop(uid), now)
         self._ended += 1
         if self._progress is not None:
@@ -396,9 +405,14 @@ class Runtime:
         completions: list[tuple[float, int, int]],
         telemetry: Telemetry | None = None,
         scaling: ScalingPolicy | None = None,
+        *,
+        split_at_ticks: bool = False,
     ) -> None:
         self.flow = flow
         self.scaling = scaling
+        # A policy that reads the passes ended by a tick (the planner's FPMs): windows are
+        # split at the tick as at a telemetry sample.
+        self._split_at_ticks = split_at_ticks
         self.admission = admission
         self.ledger = ledger
         self.telemetry = telemetry
@@ -452,6 +466,8 @@ class Runtime:
             if upcoming > cap:
                 self._deliver_windows_up_to(cap)
                 return self._outcome(time_limited=True)
+            if self._split_at_ticks and upcoming == self._tick_at and self._split_windows(upcoming):
+                continue  # a window now ends by the tick: the loop settles its end first
             self._advance(upcoming)
             self._settle()
             self._run_ticks()
@@ -682,8 +698,8 @@ class Runtime:
     def _release_arrivals(self, now: float) -> bool:
         released = self.admission.release(now)
         collector = self.ledger.collector
-        if self.ledger.traffic is not None:
-            self.ledger.traffic.arrivals += len(released)
+        for window in self.ledger.windows:
+            window.arrivals += len(released)
         for item in released:
             spec = item.spec
             record = collector.on_arrival(

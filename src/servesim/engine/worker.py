@@ -23,6 +23,12 @@ sample in the middle of a pass shows the state before it), and the decode
 request-forwards and their tokens of the passes ended so far. A telemetry
 sample time splits a window (:meth:`split_at`), so that every pass end before
 it is published when it happens.
+
+**Forward-pass metrics.** With ``fpm`` on (a planner), each pass's metrics
+per rank (:class:`~servesim.engine.scheduler.ForwardPass`) are published at
+its end: a stepped pass's as its ranks measured them at its start (an idle
+rank's are zeros with the pass's time), a window's those of its last pass
+(whatever ended it: its plan, a cut, a split at a planner tick).
 """
 
 from __future__ import annotations
@@ -38,7 +44,14 @@ from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.request import EngineRequest
 from servesim.engine.roles import DestinationRole, SourceRole
-from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankGauges, RankScheduler
+from servesim.engine.scheduler import (
+    CatchUp,
+    DecodePlan,
+    ForwardPass,
+    PassResult,
+    RankGauges,
+    RankScheduler,
+)
 from servesim.engine.sglang import SglangScheduler
 from servesim.engine.timing import make_timing
 from servesim.engine.vllm import VllmScheduler
@@ -85,6 +98,7 @@ class PassOutputs:
 class _Window:
     plans: list[tuple[RankScheduler, DecodePlan]]
     ends: np.ndarray  # end of each planned pass
+    start: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +119,7 @@ class Worker:
         "_cache_in_flight",
         "_carry",
         "_forwards_in_flight",
+        "_fpm_in_flight",
         "_outputs",
         "_removals",
         "_serial",
@@ -117,6 +132,9 @@ class Worker:
         "decode_forwards",
         "decode_tokens",
         "fast_forward",
+        "fpm_count",
+        "fpm_ms",
+        "fpms",
         "published",
         "ranks",
         "stalled",
@@ -133,6 +151,7 @@ class Worker:
         disk: DiskTier | None = None,
         shared_host: tuple[HostTier, int] | None = None,
         gauges: bool = False,
+        fpm: bool = False,
     ) -> None:
         self.worker_id = worker_id
         self.config = config
@@ -188,6 +207,16 @@ class Worker:
         # Passes left of a window split at a sample time: the next window plans no
         # more, so that windows end where they would without the split.
         self._carry: int | None = None
+        # Forward-pass metrics (see the module docstring): the latest published, per rank,
+        # when and how many times; those of the pass in flight. None: not measured.
+        self.fpms: list[ForwardPass] | None = None
+        self.fpm_ms = 0.0
+        self.fpm_count = 0
+        self._fpm_in_flight: list[ForwardPass] = []
+        if fpm:
+            for rank in self.ranks:
+                _vllm(rank).measure_fpm = True
+            self.fpms = [ForwardPass() for _ in self.ranks]
 
     @property
     def busy(self) -> bool:
@@ -300,17 +329,22 @@ class Worker:
                 self._take_catch_ups()
                 return end, []
         results = []
+        ran = []
         for rank in self.ranks:
             if rank.has_work():
                 result = rank.execute_pass(now)
                 if result.finished or result.preempted:
                     rank.role.capacity_changed()  # a slot or blocks freed: its reservations are due
                 results.append(result)
+                ran.append(rank)
         if not any(r.progressed for r in results):
             self.stalled = True
             return None
         self.busy_until = max(r.end_ms for r in results)
         self._outputs = _collect(results)
+        if self.fpms is not None:
+            idle = ForwardPass(wall_time_s=(self.busy_until - now) / 1000.0)
+            self._fpm_in_flight = [_vllm(rank).fpm if rank in ran else idle for rank in self.ranks]
         if self.published is not None:
             self._forwards_in_flight = _decode_forwards(results)
             self._cache_in_flight = (
@@ -328,6 +362,10 @@ class Worker:
         for rank in self.ranks:
             rank.last_emit_ms = self.busy_until
             rank.complete_boundary(self.busy_until)
+        if self.fpms is not None:
+            self.fpms = self._fpm_in_flight
+            self.fpm_ms = self.busy_until
+            self.fpm_count += 1
         self.busy_until = None
         out, self._outputs = self._outputs, PassOutputs()
         if self.published is not None:
@@ -430,6 +468,15 @@ class Worker:
         out = self._outputs
         times = window.ends[:passes]
         end = float(times[-1])
+        if self.fpms is not None:
+            last = passes - 1
+            wall = (end - (float(window.ends[last - 1]) if last else window.start)) / 1000.0
+            measured = {
+                id(rank): _vllm(rank).window_fpm(plan, last, wall) for rank, plan in window.plans
+            }
+            self._fpm_in_flight = [
+                measured.get(id(rank), ForwardPass(wall_time_s=wall)) for rank in self.ranks
+            ]
         if self.published is not None:
             members = sum(plan.members for _, plan in window.plans)
             self.decode_forwards += members * ended
@@ -471,7 +518,7 @@ class Worker:
         ends = durations.copy()
         ends[0] += now
         np.cumsum(ends, out=ends)
-        self._window = _Window(plans=plans, ends=ends)
+        self._window = _Window(plans=plans, ends=ends, start=now)
         self._serial += 1
         self._valid_passes = passes
         self._removals = [
@@ -482,6 +529,12 @@ class Worker:
         ]
         self.busy_until = float(ends[-1])
         return self.busy_until
+
+
+def _vllm(rank: RankScheduler) -> VllmScheduler:
+    """A rank that measures forward-pass metrics (only vLLM ranks do)."""
+    assert isinstance(rank, VllmScheduler)
+    return rank
 
 
 def _decode_forwards(results: list[PassResult]) -> tuple[int, int]:
