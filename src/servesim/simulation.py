@@ -482,7 +482,7 @@ def _replay_with(
         summary.update(_trajectory_summary(admission, config.execution_model))
     sections: dict[str, Any] = {"telemetry": telemetry.section()} if telemetry is not None else {}
     if planner is not None:
-        sections["planner"] = planner.section()
+        sections["planner"] = planner.section(runtime.transitions())
     if scaling is not None:
         sections["lifecycle_transitions"] = [
             {

@@ -15,7 +15,10 @@ repository runs them alone. Beside each scenario is what the reference
   ``<name>.spread.json``, the minimum and maximum of every summary key over
   many reference runs;
 - scenarios with ``telemetry_options`` (round robin): also
-  ``<name>.telemetry.json``, the reference's whole ``telemetry`` section.
+  ``<name>.telemetry.json``, the reference's whole ``telemetry`` section;
+- scenarios with ``planner_config`` (round robin): also
+  ``<name>.planner.json``, the reference's ``planner`` section (its scaling
+  events and tick count; without per-tick details, as refcheck runs it).
 
 The functions here build servesim's command line for a scenario the way
 ``refcheck.py`` does, reduce per-request records of either simulator to the
@@ -117,6 +120,16 @@ class Scenario:
         return REFERENCE / f"{self.name}.telemetry.json"
 
     @property
+    def planner(self) -> bool:
+        """Whether the scenario runs the planner in the loop (``planner_config``)."""
+        return self.spec.get("planner_config") is not None
+
+    @property
+    def planner_path(self) -> Path:
+        """The reference's ``planner`` report section (scenarios with a planner)."""
+        return REFERENCE / f"{self.name}.planner.json"
+
+    @property
     def spread_path(self) -> Path:
         """Minimum and maximum of each summary key over the reference's runs (KV router)."""
         return REFERENCE / f"{self.name}.spread.json"
@@ -206,7 +219,7 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
         "synthetic", "replay_concurrency", "router_mode", "router_config", "num_workers",
         "engine", "num_prefill_workers", "num_decode_workers", "prefill_engine",
         "decode_engine", "servesim_engine_overrides", "kv_event_lag_ms", "telemetry_options",
-        *_TRACE_FLAGS,
+        "planner_config", *_TRACE_FLAGS,
     }  # fmt: skip
     unknown = sorted(set(sc.spec) - known)
     if unknown:
@@ -253,6 +266,8 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
     if spec.get("telemetry_options") is not None:
         interval = spec["telemetry_options"].get("sample_interval_ms", 1000.0)
         argv += ["--telemetry-interval-ms", str(interval)]
+    if spec.get("planner_config") is not None:
+        argv += ["--planner-config", json.dumps(spec["planner_config"])]
     return [*argv, "--report-json", str(report), "--quiet"]
 
 

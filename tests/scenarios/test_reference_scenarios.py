@@ -16,7 +16,11 @@ what the reference produced (see ``harness.py`` for the stored files and
 - KV-router scenarios: the reference breaks cost ties at random, so every
   summary value must lie within the range of its stored runs;
 - scenarios with telemetry: every value of every sample agrees under the
-  deterministic rule, and so does the number of samples.
+  deterministic rule, and so does the number of samples;
+- scenarios with a planner: its scaling events (time, pool, from and to
+  counts, direction), tick count, lifecycle operations and the metadata
+  servesim shares with the reference (mode, bootstrap, details captured)
+  agree exactly.
 
 Disagreements that are known today (the engine is being fixed) are listed in
 the ``KNOWN_*`` dicts below with what exactly differs; each marks its case
@@ -51,6 +55,11 @@ from tests.scenarios.runs import ServesimRuns
 ALL = [sc.name for sc in load_scenarios()]
 DETERMINISTIC = [sc.name for sc in load_scenarios() if not sc.kv_router]
 TELEMETRY = [sc.name for sc in load_scenarios() if sc.telemetry and not sc.kv_router]
+PLANNER = [sc.name for sc in load_scenarios() if sc.planner and not sc.kv_router]
+# What servesim's planner section shares with the reference's (whose metadata also names its
+# plugin pipeline and digests its pydantic config: docs/reference-differences.md).
+PLANNER_KEYS = ("scaling_events", "total_ticks", "lifecycle_operations")
+PLANNER_METADATA = ("mode", "bootstrap", "details_captured")
 
 # Known disagreements with the reference, as of commit 303bde3 (servesim at
 # HEAD when these were last checked). Each entry marks its case
@@ -139,6 +148,23 @@ def test_telemetry_matches_reference(name: str, servesim_runs: ServesimRuns) -> 
     sc = load_scenario(name)
     reference = json.loads(sc.telemetry_path.read_text())
     check(compare_section(name, reference, servesim_runs.get(name).sections.get("telemetry")))
+
+
+def shared_planner(section: Json) -> Json:
+    """The part of a planner section both simulators write."""
+    out = {key: section[key] for key in PLANNER_KEYS}
+    out["metadata"] = {key: section["metadata"][key] for key in PLANNER_METADATA}
+    return out
+
+
+@pytest.mark.parametrize("name", PLANNER)
+def test_planner_matches_reference(name: str, servesim_runs: ServesimRuns) -> None:
+    """Scaling events and ticks exactly (worker-seconds and GPU-hours are in the summary)."""
+    sc = load_scenario(name)
+    reference = shared_planner(json.loads(sc.planner_path.read_text()))
+    ours = servesim_runs.get(name).sections.get("planner")
+    assert ours is not None, f"{name}: servesim wrote no planner section"
+    check(compare_section(name, reference, shared_planner(ours)))
 
 
 def test_two_runs_are_byte_identical_but_for_wall_time(

@@ -45,13 +45,20 @@ import hashlib
 import json
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from servesim.cluster.runtime import Pool, ScaleDecision, ScalingSnapshot, Stage, WorkerState
+from servesim.cluster.runtime import (
+    Pool,
+    ScaleDecision,
+    ScalingSnapshot,
+    Stage,
+    Transition,
+    WorkerState,
+)
 from servesim.config import EngineConfig
 from servesim.engine.scheduler import ForwardPass
 from servesim.engine.timing import make_timing, pass_duration
@@ -359,34 +366,46 @@ def fit_pair(
     if pp >= floors[0] and pd >= floors[1] and _in_band(pp * gp + pd * gd, low, high, tolerance):
         return proposed
     ask_p, ask_d = abs(pp - cp), abs(pd - cd)
-    best: tuple[tuple[int, int, int, int, int], tuple[int, int]] | None = None
-    for cand_p in range(p_low, p_high + 1):
-        lo_d, hi_d = d_low, d_high
+    candidates: list[tuple[int, int]] = []
+    # Enumerate the shorter range; for each value the band leaves one interval of the other
+    # pool, whose point nearest the proposal is the only candidate worth scoring.
+    by_p = p_high - p_low <= d_high - d_low
+    own_range = range(p_low, p_high + 1) if by_p else range(d_low, d_high + 1)
+    own_gpu, other_gpu = (gp, gd) if by_p else (gd, gp)
+    own_now, other_now, other_ask = (cp, cd, pd) if by_p else (cd, cp, pp)
+    for own in own_range:
+        lo, hi = (d_low, d_high) if by_p else (p_low, p_high)
         if low >= 0:
-            lo_d = max(lo_d, -(-(low - tolerance - cand_p * gp) // gd))
+            lo = max(lo, -(-(low - tolerance - own * own_gpu) // other_gpu))
         if high >= 0:
-            hi_d = min(hi_d, (high - cand_p * gp) // gd)
+            hi = min(hi, (high - own * own_gpu) // other_gpu)
         if opposing:
-            if cand_p == cp:
-                candidates = [cd] if lo_d <= cd <= hi_d else []
-            else:
-                lo_d, hi_d = (max(lo_d, cd + 1), hi_d) if pd > cd else (lo_d, min(hi_d, cd - 1))
-                candidates = [min(max(pd, lo_d), hi_d)] if lo_d <= hi_d else []
-        else:
-            candidates = [min(max(pd, lo_d), hi_d)] if lo_d <= hi_d else []
-        for cand_d in candidates:
-            if not _in_band(cand_p * gp + cand_d * gd, low, high, tolerance):
+            if own == own_now:
+                if lo <= other_now <= hi:
+                    candidates.append((own, other_now))
                 continue
-            moved_p, moved_d = abs(cand_p - cp), abs(cand_d - cd)
-            score = (
-                abs(pp - cand_p) + abs(pd - cand_d),
-                abs(moved_p * ask_d - moved_d * ask_p),
-                -(moved_p + moved_d),
-                cand_p,
-                cand_d,
+            lo, hi = (
+                (max(lo, other_now + 1), hi)
+                if other_ask > other_now
+                else (lo, min(hi, other_now - 1))
             )
-            if best is None or score < best[0]:
-                best = (score, (cand_p, cand_d))
+        if lo <= hi:
+            candidates.append((own, min(max(other_ask, lo), hi)))
+    best: tuple[tuple[int, int, int, int, int], tuple[int, int]] | None = None
+    for own, other in candidates:
+        cand_p, cand_d = (own, other) if by_p else (other, own)
+        if not _in_band(cand_p * gp + cand_d * gd, low, high, tolerance):
+            continue
+        moved_p, moved_d = abs(cand_p - cp), abs(cand_d - cd)
+        score = (
+            abs(pp - cand_p) + abs(pd - cand_d),
+            abs(moved_p * ask_d - moved_d * ask_p),
+            -(moved_p + moved_d),
+            cand_p,
+            cand_d,
+        )
+        if best is None or score < best[0]:
+            best = (score, (cand_p, cand_d))
     return current if best is None else best[1]
 
 
@@ -716,8 +735,9 @@ class Planner:
 
     # ----- the report -----
 
-    def section(self) -> dict[str, Any]:
-        """The report's ``planner`` section."""
+    def section(self, transitions: Sequence[Transition]) -> dict[str, Any]:
+        """The report's ``planner`` section (``transitions``: the run's lifecycle changes, listed
+        as operations with the details)."""
         config = self.config.as_dict()
         digest = hashlib.sha256(
             json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
@@ -733,6 +753,7 @@ class Planner:
             },
             "scaling_events": self.scaling_events,
             "total_ticks": self.total_ticks,
+            "lifecycle_operations": lifecycle_operations(transitions) if self._details else [],
         }
         if self._details:
             out["ticks"] = self.ticks
@@ -779,6 +800,41 @@ class Planner:
                 "targets": {name(stage): target for stage, target in sorted(targets.items())},
             },
         }
+
+
+_TRANSITIONS = {
+    WorkerState.STARTING: "worker_starting",
+    WorkerState.ACTIVE: "worker_ready",
+    WorkerState.DRAINING: "worker_draining",
+    WorkerState.REMOVED: "worker_removed",
+}
+
+
+def lifecycle_operations(transitions: Sequence[Transition]) -> list[dict[str, Any]]:
+    """Lifecycle changes as the reference lists them: one operation per instant, pool and cause
+    (a tick's scaling, a startup finishing, a drain settling), in time order."""
+    out: list[dict[str, Any]] = []
+    for t in transitions:
+        pool = "agg" if t.stage is Stage.AGGREGATED else t.stage.name.lower()
+        last = out[-1] if out else None
+        if last is None or (last["at_ms"], last["pool"], last["cause"]) != (t.at_ms, pool, t.cause):
+            last = {
+                "operation_ordinal": len(out),
+                "at_ms": t.at_ms,
+                "pool": pool,
+                "cause": t.cause,
+                "transitions": [],
+            }
+            out.append(last)
+        last["transitions"].append(
+            {
+                "worker_id": t.worker_id,
+                "prior_state": None if t.prior is None else t.prior.value,
+                "state": t.state.value,
+                "transition": _TRANSITIONS[t.state],
+            }
+        )
+    return out
 
 
 def _direction(target: int, current: int) -> str:

@@ -83,6 +83,10 @@ class Transition:
     worker_id: int
     prior: WorkerState | None
     state: WorkerState
+    cause: str
+    """What moved it, as the reference names it: ``planner_scale`` (a tick's target; an idle
+    worker drained at a tick is removed then too), ``worker_ready_event`` (a startup
+    finished) or ``drain_settlement`` (a draining worker finished its work)."""
 
 
 WorkerFactory = Callable[[int], Worker]
@@ -138,7 +142,8 @@ class Pool:
         Up: new workers with new ids, starting (ready ``startup_ms`` later) or,
         without a startup time, active at once. Down: starting workers are
         cancelled first, highest id first, then the highest-id active workers
-        drain (no new placements; removed once drained).
+        drain (no new placements; removed once drained, at
+        once if idle).
 
         Returns:
             The ids of the workers that started (the caller arms their readiness).
@@ -155,7 +160,7 @@ class Pool:
                 self.states.append(WorkerState.REMOVED)  # set just below
                 self.since.append(now)
                 state = WorkerState.STARTING if startup_ms > 0 else WorkerState.ACTIVE
-                self._move(worker_id, state, now, new=True)
+                self._move(worker_id, state, now, "planner_scale", new=True)
                 self.provisioned += 1
                 if state is WorkerState.STARTING:
                     started.append(worker_id)
@@ -163,22 +168,26 @@ class Pool:
         for worker_id in reversed(starting):
             if excess <= 0:
                 break
-            self._move(worker_id, WorkerState.REMOVED, now)
+            self._move(worker_id, WorkerState.REMOVED, now, "planner_scale")
             self.provisioned -= 1
             excess -= 1
         for worker_id in reversed(active):
             if excess <= 0:
                 break
-            self._move(worker_id, WorkerState.DRAINING, now)
-            self._draining.add(worker_id)
+            self._move(worker_id, WorkerState.DRAINING, now, "planner_scale")
             excess -= 1
+            if self.workers[worker_id].drained():
+                self._move(worker_id, WorkerState.REMOVED, now, "planner_scale")
+                self.provisioned -= 1
+            else:
+                self._draining.add(worker_id)
         return started
 
     def ready(self, worker_id: int, now: float) -> bool:
         """A startup finished: the worker becomes active (False: it was cancelled meanwhile)."""
         if self.states[worker_id] is not WorkerState.STARTING:
             return False
-        self._move(worker_id, WorkerState.ACTIVE, now)
+        self._move(worker_id, WorkerState.ACTIVE, now, "worker_ready_event")
         return True
 
     def remove_drained(self, now: float) -> bool:
@@ -186,16 +195,25 @@ class Pool:
         done = [i for i in sorted(self._draining) if self.workers[i].drained()]
         for worker_id in done:
             self._draining.discard(worker_id)
-            self._move(worker_id, WorkerState.REMOVED, now)
+            self._move(worker_id, WorkerState.REMOVED, now, "drain_settlement")
             self.provisioned -= 1
         return bool(done)
 
-    def _move(self, worker_id: int, state: WorkerState, now: float, *, new: bool = False) -> None:
+    def _move(
+        self, worker_id: int, state: WorkerState, now: float, cause: str, *, new: bool = False
+    ) -> None:
         before = None if new else self.states[worker_id]
         self.states[worker_id] = state
         self.since[worker_id] = now
         self.transitions.append(
-            Transition(at_ms=now, stage=self.stage, worker_id=worker_id, prior=before, state=state)
+            Transition(
+                at_ms=now,
+                stage=self.stage,
+                worker_id=worker_id,
+                prior=before,
+                state=state,
+                cause=cause,
+            )
         )
 
     def submit(self, worker_id: int, rank: int, request: EngineRequest, now: float) -> None:
