@@ -9,6 +9,7 @@ configs), :func:`run` it, and read the :class:`Report` (``summary``,
 
 from importlib.metadata import PackageNotFoundError, version
 
+from servesim.cluster.planner import PlannerConfig, parse_planner_config, planner_config
 from servesim.config import (
     Backend,
     DiskOffloadConfig,
@@ -37,6 +38,7 @@ __all__ = [
     "DiskOffloadConfig",
     "EngineConfig",
     "HostOffloadConfig",
+    "PlannerConfig",
     "Report",
     "ReportError",
     "RequestRecord",
@@ -53,6 +55,8 @@ __all__ = [
     "TraceError",
     "__version__",
     "parse_engine_args",
+    "parse_planner_config",
     "parse_router_config",
+    "planner_config",
     "run",
 ]

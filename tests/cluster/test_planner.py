@@ -26,6 +26,7 @@ from servesim.cluster.planner import (
     guard_pair,
     guard_single,
     planner_config,
+    sla_capacity,
     sla_decode_batch,
     sla_prefill_ms,
 )
@@ -246,55 +247,68 @@ def _traffic(window: TrafficWindow, arrivals: int, completed: int, isl: int, osl
     window.osl_sum += completed * osl
 
 
+def test_sla_capacity_on_fixed_timing() -> None:
+    """A 2,500-token prompt is 30 ms of prefill; for TTFT <= 75 ms the queue may load it to
+    rho with 30 + rho 30 / (2 (1 - rho)) = 75, rho = 3/4: 25 prompts/s. Decode at batch 8,
+    5 ms a step: 8 / (100 x 5 ms) = 16 requests/s."""
+    keys = {"block_size": 10, "num_gpu_blocks": 10000, "max_num_batched_tokens": 1000,
+            "max_num_seqs": 8, "timing_model": FIXED}  # fmt: skip
+    capacity = sla_capacity(parse_engine_args(keys), 2500, 100, ttft_ms=75.0, itl_ms=50.0)
+    assert capacity.prefill_ms == 30.0 and capacity.chunks == 3
+    assert math.isclose(capacity.prefill_rps, 25.0, rel_tol=1e-12)
+    assert capacity.decode_rps == 16.0
+    # Aggregated: 8 requests decoding at once at 50 ms a token: 8 / (100 x 50 ms) = 1.6/s;
+    # interleaving (30 ms of prefill is 6 steps, more than its 3 chunks) allows
+    # (1/5 ms - 1/50 ms) / (6 - 3) = 60/s: the decode bound holds.
+    assert math.isclose(capacity.aggregated_rps, 1.6, rel_tol=1e-12)
+
+
 def test_sla_disagg_sizes_pools_from_demand() -> None:
-    """100 requests/s of 2,500 prompt and 100 output tokens: prefill needs 100 x 30 ms = 3
-    workers; decode at batch 8 (100,000 KV tokens hold 39 contexts of 2,550; max_num_seqs 8)
-    and 5 ms a step serves 8 / (100 x 5 ms) = 16 requests/s a worker: ceil(100 / 16) = 7.
-    With a budget of 8 GPUs the 10 asked shrink in proportion: prefill floor(3 x 8 / 10) = 2,
-    decode the other 6."""
+    """90 requests/s (900 in a 10 s window) on the engine above: ceil(90 / 25) = 4 prefill and
+    ceil(90 / 16) = 6 decode workers. Under a budget of 8 GPUs the 10 asked shrink in
+    proportion: prefill floor(4 x 8 / 10) = 3, decode the other 5."""
     keys = {"block_size": 10, "num_gpu_blocks": 10000, "max_num_batched_tokens": 1000,
             "max_num_seqs": 8, "timing_model": FIXED}  # fmt: skip
     pools = {PREFILL: _pool(PREFILL, parse_engine_args(keys, role=Role.PREFILL), 1)}
     pools[DECODE] = _pool(DECODE, parse_engine_args(keys, role=Role.DECODE), 1)
     config = planner_config(
-        {"mode": "disagg", "optimization_target": "sla", "itl_ms": 50,
+        {"mode": "disagg", "optimization_target": "sla", "ttft_ms": 75, "itl_ms": 50,
          "throughput_adjustment_interval_seconds": 10, "max_gpu_budget": 12}
     )  # fmt: skip
     window = TrafficWindow()
     engines = {stage: pool.workers[0].config for stage, pool in pools.items()}
     planner = Planner(config, engines, window)
     assert planner.initial_tick_ms() == 10000.0
-    _traffic(window, 1000, 900, 2500, 100)
-    assert _tick(planner, pools, 10000.0) == {PREFILL: 3, DECODE: 7}
+    _traffic(window, 900, 800, 2500, 100)
+    assert _tick(planner, pools, 10000.0) == {PREFILL: 4, DECODE: 6}
     tight = Planner(planner_config({**config.as_dict(), "max_gpu_budget": 8}), engines, window)
-    _traffic(window, 1000, 900, 2500, 100)
-    assert _tick(tight, pools, 10000.0) == {PREFILL: 2, DECODE: 6}
+    _traffic(window, 900, 800, 2500, 100)
+    assert _tick(tight, pools, 10000.0) == {PREFILL: 3, DECODE: 5}
 
 
 def test_sla_predictors() -> None:
-    """Moving average over the last 2 windows against the last window alone."""
-    pools = {AGG: _pool(AGG, _engine(timing_model=FIXED, max_num_batched_tokens=1000), 1)}
-    rates: dict[str, list[int]] = {}
+    """Windows of 2 s with 13 then 33 arrivals (6.5 and 16.5 requests/s) on an aggregated
+    worker that serves 0.2 requests/s (one 550-token context fits its KV: 1 / (100 x 50 ms)).
+    The last window alone asks 33 then 83 workers; the mean of the last two, 33 then 58."""
+    engine = _engine(timing_model=FIXED, max_num_batched_tokens=1000)
+    assert math.isclose(sla_capacity(engine, 500, 100, 500.0, 50.0).aggregated_rps, 0.2)
+    sizes: dict[str, list[int]] = {}
     for predictor in ("constant", "moving_average"):
         window = TrafficWindow()
         config = planner_config(
             {"mode": "agg", "optimization_target": "sla", "load_predictor": predictor,
-             "load_predictor_window": 2, "throughput_adjustment_interval_seconds": 1,
+             "load_predictor_window": 2, "throughput_adjustment_interval_seconds": 2,
              "max_gpu_budget": 1000}
         )  # fmt: skip
-        planner = Planner(config, {AGG: pools[AGG].workers[0].config}, window)
-        pool = _pool(AGG, pools[AGG].workers[0].config, 1)
-        sizes = []
-        for k, arrivals in enumerate((100, 300)):
+        planner = Planner(config, {AGG: engine}, window)
+        pool = _pool(AGG, engine, 1)
+        sizes[predictor] = []
+        for k, arrivals in enumerate((13, 33)):
             _traffic(window, arrivals, 10, 500, 100)
-            target = _tick(planner, {AGG: pool}, (k + 1) * 1000.0)[AGG]
-            pool.scale_to(target, (k + 1) * 1000.0, 0.0)  # ready at once
-            sizes.append(target)
-        rates[predictor] = sizes
-    # Per request on one aggregated engine: 10 ms prefill + 100 steps x 5 ms / batch 1
-    # (1,000 KV tokens hold one 550-token context) = 0.51 s.
-    assert rates["constant"] == [math.ceil(100 * 0.51), math.ceil(300 * 0.51)]
-    assert rates["moving_average"] == [math.ceil(100 * 0.51), math.ceil(200 * 0.51)]
+            target = _tick(planner, {AGG: pool}, (k + 1) * 2000.0)[AGG]
+            pool.scale_to(target, (k + 1) * 2000.0, 0.0)  # ready at once
+            sizes[predictor].append(target)
+    assert sizes == {"constant": [33, 83], "moving_average": [33, 58]}
 
 
 # ----- runs -----

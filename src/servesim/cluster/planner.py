@@ -542,6 +542,8 @@ class Planner:
         window = config.load_predictor_window if config.load_predictor == "moving_average" else 1
         self._predictor = _Predictor(window)
         self.scaling_events: list[dict[str, Any]] = []
+        # The sla target's estimate at the latest tick (its demand and engine figures).
+        self._estimate: dict[str, float] = {}
         self.ticks: list[dict[str, Any]] = []
         self.total_ticks = 0
 
@@ -564,6 +566,7 @@ class Planner:
         traffic = self._traffic.drain(now - self._last_tick_ms, 0, 0)
         self._last_tick_ms = now
         if self.config.optimization_target == "sla":
+            self._estimate = {}
             proposal, reason = self._sla(counts, traffic)
         else:
             proposal, reason = self._load(counts)
@@ -715,19 +718,21 @@ class Planner:
         rate, isl, osl = predicted
         config = self.config
         low, high = config.min_gpu_budget, config.max_gpu_budget
+        self._estimate = {"requests_per_s": rate, "isl": isl, "osl": osl}
         if Stage.AGGREGATED in counts:
             engine = self._pools[Stage.AGGREGATED].engine
-            seconds = sla_prefill_ms(engine, isl) / 1000.0
-            batch, step_ms = sla_decode_batch(engine, isl, osl, config.itl_ms)
-            seconds += osl * step_ms / 1000.0 / batch
-            want = max(math.ceil(rate * seconds), config.min_endpoint)
+            capacity = sla_capacity(engine, isl, osl, config.ttft_ms, config.itl_ms)
+            self._estimate.update(capacity.as_dict())
+            want = max(math.ceil(rate / capacity.aggregated_rps), config.min_endpoint)
             final = clamp_single(want, engine.gpus_per_worker, low, high, config.min_endpoint)
             return {Stage.AGGREGATED: final}, "sla"
         p_engine, d_engine = self._pools[Stage.PREFILL].engine, self._pools[Stage.DECODE].engine
         floors = (config.min_endpoints(Stage.PREFILL), config.min_endpoints(Stage.DECODE))
-        p = max(math.ceil(rate * sla_prefill_ms(p_engine, isl) / 1000.0), floors[0])
-        batch, step_ms = sla_decode_batch(d_engine, isl, osl, config.itl_ms)
-        d = max(math.ceil(rate * osl * step_ms / 1000.0 / batch), floors[1])
+        prefill = sla_capacity(p_engine, isl, osl, config.ttft_ms, config.itl_ms)
+        decode = sla_capacity(d_engine, isl, osl, config.ttft_ms, config.itl_ms)
+        self._estimate.update(prefill_rps=prefill.prefill_rps, decode_rps=decode.decode_rps)
+        p = max(math.ceil(rate / prefill.prefill_rps), floors[0])
+        d = max(math.ceil(rate / decode.decode_rps), floors[1])
         p, d = clamp_pair(
             p, d, p_engine.gpus_per_worker, d_engine.gpus_per_worker, low, high, floors
         )
@@ -797,6 +802,7 @@ class Planner:
             },
             "decision": {
                 "reason": reason,
+                "estimate": dict(self._estimate),
                 "targets": {name(stage): target for stage, target in sorted(targets.items())},
             },
         }
@@ -883,3 +889,71 @@ def sla_decode_batch(
         else:
             hi = mid - 1
     return lo, step(lo)
+
+
+UNREACHABLE_LOAD = 0.5
+"""The prefill utilisation the sla target keeps when no load meets the TTFT target."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlaCapacity:
+    """Requests per second one worker serves within the targets (see :func:`sla_capacity`)."""
+
+    prefill_ms: float
+    chunks: int
+    decode_batch: int
+    decode_step_ms: float
+    prefill_rps: float
+    decode_rps: float
+    aggregated_rps: float
+
+    def as_dict(self) -> dict[str, float]:
+        """The figures, for a tick's record."""
+        return {k: float(v) for k, v in asdict(self).items()}
+
+
+def sla_capacity(
+    engine: EngineConfig, isl: float, osl: float, ttft_ms: float, itl_ms: float
+) -> SlaCapacity:
+    """How many requests of ``isl`` prompt and ``osl`` output tokens per second one worker of
+    ``engine`` serves within the TTFT and ITL targets, by the engine's own timing model.
+
+    - Prefill: a prompt takes ``P`` (its chunks of ``max_num_batched_tokens``, alone). As a
+      queue with deterministic service (M/D/1) at utilisation ``rho = rate x P``, TTFT is
+      ``P + rho P / (2 (1 - rho))``; the largest ``rho`` within ``ttft_ms`` gives
+      ``prefill_rps = rho / P`` (``rho`` = 0.5 when even an idle engine misses the target).
+    - Decode: the largest batch ``b`` whose step ``s`` fits ``itl_ms``
+      (:func:`sla_decode_batch`); by Little's law ``decode_rps = b / (osl x s)``.
+    - Aggregated: the smaller of ``prefill_rps``, ``b / (osl x itl)`` (the requests decoding
+      at once stay within ``b``), and the rate at which prefill passes, interleaved with
+      decode steps, keep the mean step within ``itl_ms``: a worker at rate ``r`` makes
+      ``r x k + (1 - r x P) / s`` steps a second (``k`` chunks a prompt), at least
+      ``1 / itl``.
+    """
+    prefill_s = sla_prefill_ms(engine, isl) / 1000.0
+    tokens = max(1, round(isl))
+    chunks = -(-tokens // (engine.max_num_batched_tokens or tokens))
+    batch, step_ms = sla_decode_batch(engine, isl, osl, itl_ms)
+    step_s, itl_s, ttft_s = step_ms / 1000.0, itl_ms / 1000.0, ttft_ms / 1000.0
+    slack = (ttft_s - prefill_s) / prefill_s if prefill_s > 0 else math.inf
+    rho = 2.0 * slack / (1.0 + 2.0 * slack) if slack > 0 else UNREACHABLE_LOAD
+    prefill_rps = rho / prefill_s if prefill_s > 0 else math.inf
+    decode_rps = batch / (max(osl, 1.0) * step_s) if step_s > 0 else math.inf
+    aggregated = min(prefill_rps, batch / (max(osl, 1.0) * max(itl_s, step_s)))
+    if step_s > 0 and prefill_s / step_s > chunks:
+        # r k + (1 - r P) / s >= 1 / itl  <=>  r <= (1/s - 1/itl) / (P/s - k)
+        interleaved = (1.0 / step_s - 1.0 / max(itl_s, step_s)) / (prefill_s / step_s - chunks)
+        aggregated = (
+            min(aggregated, interleaved)
+            if interleaved > 0
+            else min(aggregated, UNREACHABLE_LOAD / prefill_s)
+        )
+    return SlaCapacity(
+        prefill_ms=prefill_s * 1000.0,
+        chunks=chunks,
+        decode_batch=batch,
+        decode_step_ms=step_ms,
+        prefill_rps=prefill_rps,
+        decode_rps=decode_rps,
+        aggregated_rps=aggregated,
+    )
