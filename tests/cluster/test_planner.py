@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from servesim import RunConfig, SyntheticWorkload, parse_engine_args, run
 from servesim.cli import main
@@ -37,6 +39,7 @@ from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.report import request_row
 from servesim.metrics.telemetry import TrafficWindow
+from tests.support import paid_worker_seconds, state_at
 
 AGG, PREFILL, DECODE = Stage.AGGREGATED, Stage.PREFILL, Stage.DECODE
 # KV capacity 1,000 tokens a rank; a prompt of at most 1,000 tokens.
@@ -322,13 +325,12 @@ def _run_config(**keys: Any) -> RunConfig:
         "num_gpu_blocks": 64,
         "timing_model": {"type": "fixed", "prefill_ms": 10, "decode_ms": 1},
     }
+    config: dict[str, Any] = {"num_workers": 1, "engine": parse_engine_args(engine)} | keys
     return RunConfig(
         synthetic=SyntheticWorkload(
             input_tokens=100, output_tokens=50, request_count=400, arrival_interval_ms=5
         ),
-        num_workers=1,
-        engine=parse_engine_args(engine),
-        **keys,
+        **config,
     )
 
 
@@ -436,3 +438,67 @@ def test_default_config_is_the_references() -> None:
     assert (config.mode, config.optimization_target) == ("disagg", "throughput")
     assert (config.load_adjustment_interval_seconds, config.max_gpu_budget) == (5, 8)
     assert (config.min_endpoint, config.min_gpu_budget) == (1, -1)
+
+
+def test_telemetry_does_not_change_what_the_planner_sees() -> None:
+    """Samples every 300 ms (some at tick times) leave every tick's input and decision, and
+    every request, as they are without telemetry."""
+    config = planner_config(
+        {"mode": "agg", "max_gpu_budget": 4, "load_adjustment_interval_seconds": 1}
+    )
+    plain = run(_run_config(planner=config, planner_details=True))
+    sampled = run(_run_config(planner=config, planner_details=True, telemetry_interval_ms=300.0))
+    assert plain.sections["planner"] == sampled.sections["planner"]
+    assert [request_row(r) for r in plain.records] == [request_row(r) for r in sampled.records]
+
+
+def test_sglang_with_a_planner_is_refused() -> None:
+    engine = parse_engine_args({"backend": "sglang", "block_size": 16})
+    with pytest.raises(ConfigError, match="SGLang"):
+        run(_run_config(planner=planner_config({"mode": "agg"}), engine=engine))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    target=st.sampled_from(["throughput", "latency", "load"]),
+    interval=st.integers(1, 2),
+    budget=st.integers(1, 5),
+    startup_s=st.sampled_from([0.0, 0.3, 1.5]),
+    router=st.sampled_from(["round_robin", "kv_router"]),
+    dp_size=st.sampled_from([1, 2]),
+)
+def test_planner_gpu_hours_are_the_integral_of_worker_counts(
+    target: str, interval: int, budget: int, startup_s: float, router: str, dp_size: int
+) -> None:
+    """Random planner configs on an overloaded worker: worker-seconds equal the integral of
+    the paid workers (starting, active, draining) over the run, GPU-hours follow, every
+    request completes, and none was placed on a worker that was not active."""
+    keys: dict[str, Any] = {
+        "mode": "agg",
+        "optimization_target": target,
+        "load_adjustment_interval_seconds": interval,
+        "max_gpu_budget": budget * dp_size,
+    }
+    if target == "load":
+        keys |= {"decode_scale_up_kv_rate": 50, "decode_scale_down_kv_rate": 20}
+    engine = {
+        "block_size": 16,
+        "num_gpu_blocks": 64,
+        "dp_size": dp_size,
+        "startup_time": startup_s,
+        "timing_model": {"type": "fixed", "prefill_ms": 10, "decode_ms": 1},
+    }
+    report = run(
+        _run_config(
+            planner=planner_config(keys), engine=parse_engine_args(engine), router_mode=router
+        )
+    )
+    transitions = report.sections["lifecycle_transitions"]
+    seconds = report.summary["decode_worker_seconds"]
+    assert math.isclose(
+        seconds, paid_worker_seconds(transitions, 1, report.summary["duration_ms"]), rel_tol=1e-9
+    )
+    assert math.isclose(report.summary["gpu_hours"], seconds * dp_size / 3600.0, rel_tol=1e-12)
+    assert report.summary["completed_requests"] == 400
+    for r in report.records:
+        assert state_at(transitions, r.worker, r.arrival_time_ms, 1) == "active"

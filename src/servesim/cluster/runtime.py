@@ -488,7 +488,6 @@ class Runtime:
                 continue  # a window now ends by the tick: the loop settles its end first
             self._advance(upcoming)
             self._settle()
-            self._run_ticks()
         if self.ledger.in_flight or not self.admission.drained():
             raise SimulationError(
                 f"simulation reached a dead end at {self.now:.3f} ms with {self.ledger.in_flight} "
@@ -548,9 +547,9 @@ class Runtime:
             return  # a window now ends by the sample: the loop settles its end first
         if due == upcoming:
             self._advance(due)
-            self._settle()
-            telemetry.periodic(due, *self._observed())
-            self._run_ticks()  # the planner decides after the sample
+            self._settle()  # samples first if a scaling tick is due too (see _settle)
+            if telemetry.next_ms == due:
+                telemetry.periodic(due, *self._observed())
         else:
             self.now = due  # between timestamps: observe only
             telemetry.periodic(due, *self._observed())
@@ -568,13 +567,21 @@ class Runtime:
     # ----- scaling -----
 
     def _run_ticks(self) -> None:
-        """Scaling ticks due now, each once the instant settled (the decision comes last)."""
-        while self._tick_at == self.now:
-            if self._workload_done():
-                self._tick_at = math.inf  # ticks stop with the workload
-                return
-            self._tick()
+        """The first tick, when it is due at the start (the others come in :meth:`_settle`)."""
+        if self._tick_at == self.now and self._tick_due():
             self._settle()
+
+    def _tick_due(self) -> bool:
+        """Take the tick due now (and, first, the telemetry sample due with it); whether it
+        was taken (once the workload is done, ticks stop)."""
+        if self._workload_done():
+            self._tick_at = math.inf
+            return False
+        telemetry = self.telemetry
+        if telemetry is not None and telemetry.next_ms == self.now:
+            telemetry.periodic(self.now, *self._observed())
+        self._tick()
+        return True
 
     def _tick(self) -> None:
         assert self.scaling is not None
@@ -645,6 +652,11 @@ class Runtime:
     def _settle(self) -> None:
         now = self.now
         completions, admission, pools = self._completions, self.admission, self.flow.pools
+        # A scaling tick due now (after its telemetry sample) ends the instant's first
+        # round, as the reference's settle loop has it: what that round released but has
+        # not placed yet (a disaggregated request's first handoff action) is placed in the
+        # next round, on the pools the tick left.
+        tick = self._tick_at == now
         while True:
             # Each step is skipped when a look shows it has nothing to do (the last
             # round, which confirms that nothing changed, is most of them).
@@ -662,6 +674,9 @@ class Runtime:
                 changed |= self._start_passes(now)
             if self._scaled:
                 changed |= self._remove_drained(now)
+            if tick:
+                tick = False
+                changed |= self._tick_due()
             if not changed:
                 if self._shared_own_work:
                     for pool in pools:

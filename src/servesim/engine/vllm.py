@@ -340,14 +340,25 @@ class VllmScheduler:
     ) -> ForwardPass:
         """The FPM of a pass that scheduled ``work``, with the queue as it stands now."""
         prompts, tokens, before, decodes = work
+        # Queued to prefill: fresh requests. Queued to decode: preempted ones (prompt plus
+        # output), and on a decode rank every P/D destination by its prompt length (the
+        # reference counts a destination so while it lives, preempted or not): waiting
+        # to be admitted, in transfer, or not yet reserved.
         fresh: list[int] = []
-        preempted: list[int] = []
+        queued: list[int] = []
+        role = self.role
+        destination = isinstance(role, DestinationRole)
         for queue in (self._connector, self.waiting):
             for request in queue:
-                if request.status is Status.PREEMPTED:
-                    preempted.append(request.length)
+                if destination:
+                    queued.append(request.prompt_len)
+                elif request.status is Status.PREEMPTED:
+                    queued.append(request.length)
                 else:
                     fresh.append(request.prompt_len)
+        if isinstance(role, DestinationRole):
+            queued += [request.prompt_len for request in role.pending]
+            queued += sorted(request.prompt_len for request in role.in_transfer)
         return ForwardPass(
             wall_time_s=wall_time_s,
             prefill_requests=len(prompts),
@@ -360,9 +371,9 @@ class VllmScheduler:
             queued_prefill=len(fresh),
             queued_prefill_tokens=sum(fresh),
             queued_prefill_var=population_var(fresh),
-            queued_decode=len(preempted),
-            queued_decode_kv_tokens=sum(preempted),
-            queued_decode_var=population_var(preempted),
+            queued_decode=len(queued),
+            queued_decode_kv_tokens=sum(queued),
+            queued_decode_var=population_var(queued),
         )
 
     def window_fpm(self, plan: DecodePlan, index: int, wall_time_s: float) -> ForwardPass:

@@ -28,7 +28,9 @@ it is published when it happens.
 per rank (:class:`~servesim.engine.scheduler.ForwardPass`) are published at
 its end: a stepped pass's as its ranks measured them at its start (an idle
 rank's are zeros with the pass's time), a window's those of its last pass
-(whatever ended it: its plan, a cut, a split at a planner tick).
+(whatever ended it: its plan, a cut, a split at a planner tick). A cut
+publishes the pass that ended before it too, as stepping would have at its
+end.
 """
 
 from __future__ import annotations
@@ -469,14 +471,11 @@ class Worker:
         times = window.ends[:passes]
         end = float(times[-1])
         if self.fpms is not None:
-            last = passes - 1
-            wall = (end - (float(window.ends[last - 1]) if last else window.start)) / 1000.0
-            measured = {
-                id(rank): _vllm(rank).window_fpm(plan, last, wall) for rank, plan in window.plans
-            }
-            self._fpm_in_flight = [
-                measured.get(id(rank), ForwardPass(wall_time_s=wall)) for rank in self.ranks
-            ]
+            if ended:  # the last pass that ended before the cut published at its end
+                self.fpms = self._window_fpms(window, ended - 1)
+                self.fpm_ms = float(window.ends[ended - 1])
+                self.fpm_count += 1
+            self._fpm_in_flight = self._window_fpms(window, passes - 1)
         if self.published is not None:
             members = sum(plan.members for _, plan in window.plans)
             self.decode_forwards += members * ended
@@ -496,6 +495,16 @@ class Worker:
             return None
         self.busy_until = end
         return end
+
+    def _window_fpms(self, window: _Window, index: int) -> list[ForwardPass]:
+        """Each rank's forward-pass metrics of the window's pass ``index`` (an idle rank's:
+        zeros with the pass's time)."""
+        ends = window.ends
+        wall = (float(ends[index]) - (float(ends[index - 1]) if index else window.start)) / 1000.0
+        measured = {
+            id(rank): _vllm(rank).window_fpm(plan, index, wall) for rank, plan in window.plans
+        }
+        return [measured.get(id(rank), ForwardPass(wall_time_s=wall)) for rank in self.ranks]
 
     def _start_window(self, now: float, limit: int) -> float | None:
         # A rank whose reservation queue head is due tries it at the next pass end
