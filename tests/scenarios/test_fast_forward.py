@@ -52,4 +52,10 @@ def test_fast_forward_plans_what_stepping_plans(name: str, servesim_runs: Serves
     """The planner's scaling events and ticks agree in both modes: windows split at ticks."""
     fast = flatten_all(servesim_runs.get(name).sections["planner"])
     exact = flatten_all(servesim_runs.get(name, exact_passes=True).sections["planner"])
-    assert_same(fast, exact)
+    assert fast.keys() == exact.keys()
+    for key, value in exact.items():
+        # Variances of FPMs sum the same lengths in another order: 1e-16 apart.
+        if isinstance(value, float):
+            assert math.isclose(fast[key], value, rel_tol=1e-12, abs_tol=1e-9), key
+        else:
+            assert fast[key] == value, key

@@ -20,7 +20,9 @@ what the reference produced (see ``harness.py`` for the stored files and
 - scenarios with a planner: its scaling events (time, pool, from and to
   counts, direction), tick count, lifecycle operations and the metadata
   servesim shares with the reference (mode, bootstrap, details captured)
-  agree exactly.
+  agree exactly; with ``capture_planner_details``, so does every tick's
+  forward-pass metrics of every (worker, rank) (counts and token sums
+  exactly, variances and wall times to 1e-6).
 
 Disagreements that are known today (the engine is being fixed) are listed in
 the ``KNOWN_*`` dicts below with what exactly differs; each marks its case
@@ -47,6 +49,7 @@ from tests.scenarios.harness import (
     load_scenario,
     load_scenarios,
     missing_keys,
+    planner_view,
     read_records,
     reduce_records,
 )
@@ -56,10 +59,6 @@ ALL = [sc.name for sc in load_scenarios()]
 DETERMINISTIC = [sc.name for sc in load_scenarios() if not sc.kv_router]
 TELEMETRY = [sc.name for sc in load_scenarios() if sc.telemetry and not sc.kv_router]
 PLANNER = [sc.name for sc in load_scenarios() if sc.planner and not sc.kv_router]
-# What servesim's planner section shares with the reference's (whose metadata also names its
-# plugin pipeline and digests its pydantic config: docs/reference-differences.md).
-PLANNER_KEYS = ("scaling_events", "total_ticks", "lifecycle_operations")
-PLANNER_METADATA = ("mode", "bootstrap", "details_captured")
 
 # Known disagreements with the reference, as of commit 303bde3 (servesim at
 # HEAD when these were last checked). Each entry marks its case
@@ -70,7 +69,14 @@ PLANNER_METADATA = ("mode", "bootstrap", "details_captured")
 KNOWN_MISSING_KEYS: dict[str, str] = {}
 
 # Scenario -> which summary values differ (test_summary_matches_reference).
-KNOWN_SUMMARY_FAILURES: dict[str, str] = {}
+KNOWN_SUMMARY_FAILURES: dict[str, str] = {
+    "disagg_planner_throughput_min2": (
+        "decode ranks whose requests' sequences outgrow the KV cache (through shared prefixes) "
+        "admit a few P/D destinations one decode pass later than the reference from about "
+        "52 s on: mean TTST 0.12 % apart, mean TTFT 3e-5; the planner's events, ticks and "
+        "drains agree exactly (docs/reference-differences.md)"
+    ),
+}
 
 # The KV router breaks cost ties at random (the reference unseeded, servesim seeded), so
 # one run is one sample: a KV scenario's summary is the per-key median of servesim's runs
@@ -91,7 +97,9 @@ def median_summary(runs: list[Json]) -> Json:
 
 
 # Scenario -> which per-request records differ (test_requests_match_reference).
-KNOWN_REQUEST_FAILURES: dict[str, str] = {}
+KNOWN_REQUEST_FAILURES: dict[str, str] = {
+    "disagg_planner_throughput_min2": "20 of 600 records: see KNOWN_SUMMARY_FAILURES",
+}
 
 
 def cases(names: list[str], known: Mapping[str, str]) -> list[pytest.ParameterSet]:
@@ -150,21 +158,15 @@ def test_telemetry_matches_reference(name: str, servesim_runs: ServesimRuns) -> 
     check(compare_section(name, reference, servesim_runs.get(name).sections.get("telemetry")))
 
 
-def shared_planner(section: Json) -> Json:
-    """The part of a planner section both simulators write."""
-    out = {key: section[key] for key in PLANNER_KEYS}
-    out["metadata"] = {key: section["metadata"][key] for key in PLANNER_METADATA}
-    return out
-
-
 @pytest.mark.parametrize("name", PLANNER)
 def test_planner_matches_reference(name: str, servesim_runs: ServesimRuns) -> None:
-    """Scaling events and ticks exactly (worker-seconds and GPU-hours are in the summary)."""
+    """Scaling events, ticks, lifecycle operations and (with details) every tick's FPMs
+    (worker-seconds and GPU-hours are in the summary)."""
     sc = load_scenario(name)
-    reference = shared_planner(json.loads(sc.planner_path.read_text()))
+    reference = planner_view(json.loads(sc.planner_path.read_text()), reference=True)
     ours = servesim_runs.get(name).sections.get("planner")
     assert ours is not None, f"{name}: servesim wrote no planner section"
-    check(compare_section(name, reference, shared_planner(ours)))
+    check(compare_section(name, reference, planner_view(ours, reference=False)))
 
 
 def test_two_runs_are_byte_identical_but_for_wall_time(

@@ -51,12 +51,13 @@ class ForwardPass:
 
 
 def population_var(values: list[int]) -> float:
-    """The population variance of ``values`` (0.0 for fewer than two)."""
+    """The population variance of ``values`` (0.0 for fewer than two), summed in sorted order
+    so that the same values in any order give the same float."""
     n = len(values)
     if n < 2:
         return 0.0
     mean = sum(values) / n
-    return sum((v - mean) ** 2 for v in values) / n
+    return sum((v - mean) ** 2 for v in sorted(values)) / n
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

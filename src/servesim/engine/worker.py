@@ -26,8 +26,8 @@ it is published when it happens.
 
 **Forward-pass metrics.** With ``fpm`` on (a planner), each pass's metrics
 per rank (:class:`~servesim.engine.scheduler.ForwardPass`) are published at
-its end: a stepped pass's as its ranks measured them at its start (an idle
-rank's are zeros with the pass's time), a window's those of its last pass
+its end: a stepped pass's as its ranks measured them at its start, each
+with the group's pass time (an idle rank's: zeros and that time), a window's those of its last pass
 (whatever ended it: its plan, a cut, a split at a planner tick). A cut
 publishes the pass that ended before it too, as stepping would have at its
 end.
@@ -36,7 +36,7 @@ end.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -344,9 +344,14 @@ class Worker:
             return None
         self.busy_until = max(r.end_ms for r in results)
         self._outputs = _collect(results)
-        if self.fpms is not None:
-            idle = ForwardPass(wall_time_s=(self.busy_until - now) / 1000.0)
-            self._fpm_in_flight = [_vllm(rank).fpm if rank in ran else idle for rank in self.ranks]
+        if self.fpms is not None:  # every rank reports the group's pass time
+            wall = (self.busy_until - now) / 1000.0
+            self._fpm_in_flight = [
+                replace(_vllm(rank).fpm, wall_time_s=wall)
+                if rank in ran
+                else ForwardPass(wall_time_s=wall)
+                for rank in self.ranks
+            ]
         if self.published is not None:
             self._forwards_in_flight = _decode_forwards(results)
             self._cache_in_flight = (
