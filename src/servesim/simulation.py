@@ -353,6 +353,14 @@ def run(
             or a simulation that cannot finish (SimulationError).
     """
     _validate(config)
+    if config.planner is not None:
+        if scaling is not None:
+            raise ConfigError("a run takes a planner config or a scaling policy, not both")
+        if config.prefill_engine is not None and config.decode_engine is not None:
+            pools = {Stage.PREFILL: config.prefill_engine, Stage.DECODE: config.decode_engine}
+        else:
+            pools = {Stage.AGGREGATED: config.engine}
+        check_planner_fits(config.planner, pools)
     with _collector_paused():
         return _replay(config, progress, scaling)
 
@@ -458,8 +466,6 @@ def _replay_with(
         telemetry = Telemetry(config.telemetry_interval_ms, ledger.windows[-1])
     planner = None
     if config.planner is not None:
-        if scaling is not None:
-            raise ConfigError("a run takes a planner config or a scaling policy, not both")
         ledger.windows.append(TrafficWindow())
         engines = {pool.stage: pool.workers[0].config for pool in flow.pools}
         planner = scaling = Planner(
@@ -651,12 +657,6 @@ def _validate(config: RunConfig) -> None:
         )
     if config.max_sim_time_ms is not None and config.max_sim_time_ms < 0:
         raise ConfigError(f"max sim time must be non-negative, got {config.max_sim_time_ms}")
-    if config.planner is not None:
-        if config.disaggregated and config.prefill_engine and config.decode_engine:
-            pools = {Stage.PREFILL: config.prefill_engine, Stage.DECODE: config.decode_engine}
-        else:
-            pools = {Stage.AGGREGATED: config.engine}
-        check_planner_fits(config.planner, pools)
     if not config.disaggregated:
         if config.num_workers < 1:
             raise ConfigError(f"number of workers must be at least 1, got {config.num_workers}")

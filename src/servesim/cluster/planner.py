@@ -59,7 +59,7 @@ from servesim.cluster.runtime import (
     Transition,
     WorkerState,
 )
-from servesim.config import EngineConfig
+from servesim.config import Backend, EngineConfig
 from servesim.engine.scheduler import ForwardPass
 from servesim.engine.timing import make_timing, pass_duration
 from servesim.errors import ConfigError
@@ -259,7 +259,7 @@ def check_planner_fits(config: PlannerConfig, pools: Mapping[Stage, EngineConfig
             f"'max_gpu_budget' {config.max_gpu_budget}"
         )
     for engine in pools.values():
-        if engine.backend.value == "sglang":
+        if engine.backend is Backend.SGLANG:
             raise ConfigError(
                 "planner config: the planner reads forward-pass metrics, which servesim "
                 "measures on vLLM and TRT-LLM engines only (the engine is SGLang)"

@@ -22,7 +22,10 @@ before it happen, as stepping would have them. Cost is priced only at the
 timestamps the run has without telemetry, so sampling changes no output.
 A planner's tick (:mod:`servesim.cluster.planner`) splits windows the same
 way, so that the forward-pass metrics it reads are those of the passes ended
-by then.
+by then. A scaling tick comes at the end of its instant's first round of the
+settle loop (after the sample due then), as the reference's loop has it: a
+disaggregated request released at that instant takes its first handoff step
+in the next round, on the pools the tick left.
 
 What happens to a request between arrival and its end is the *flow*'s
 business (:mod:`servesim.cluster.flows`); the runtime owns the clock, the
