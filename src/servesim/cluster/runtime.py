@@ -15,17 +15,18 @@ then jumps to the next timestamp: the earliest pass end, arrival, flow
 deadline or idle worker's own deadline. A pass is decided at its start; its outputs become visible at its end.
 
 With telemetry (:mod:`servesim.metrics.telemetry`), a sample due at a
-timestamp is taken once it has settled; one due between timestamps is taken
+timestamp is taken at the end of that instant's first round of the settle
+loop, as the reference takes it (a disaggregated request released then has
+not taken its first handoff step yet); one due between timestamps is taken
 there without settling anything. Before either, fast-forward windows are
 split at the sample time (:meth:`Worker.split_at`) so that the pass ends
 before it happen, as stepping would have them. Cost is priced only at the
 timestamps the run has without telemetry, so sampling changes no output.
 A planner's tick (:mod:`servesim.cluster.planner`) splits windows the same
 way, so that the forward-pass metrics it reads are those of the passes ended
-by then. A scaling tick comes at the end of its instant's first round of the
-settle loop (after the sample due then), as the reference's loop has it: a
-disaggregated request released at that instant takes its first handoff step
-in the next round, on the pools the tick left.
+by then. A scaling tick comes at the end of its instant's first round too,
+after the sample due then: a disaggregated request released at that instant
+takes its first handoff step in the next round, on the pools the tick left.
 
 What happens to a request between arrival and its end is the *flow*'s
 business (:mod:`servesim.cluster.flows`); the runtime owns the clock, the
@@ -550,9 +551,7 @@ class Runtime:
             return  # a window now ends by the sample: the loop settles its end first
         if due == upcoming:
             self._advance(due)
-            self._settle()  # samples first if a scaling tick is due too (see _settle)
-            if telemetry.next_ms == due:
-                telemetry.periodic(due, *self._observed())
+            self._settle()  # which samples at the end of its first round
         else:
             self.now = due  # between timestamps: observe only
             telemetry.periodic(due, *self._observed())
@@ -575,14 +574,11 @@ class Runtime:
             self._settle()
 
     def _tick_due(self) -> bool:
-        """Take the tick due now (and, first, the telemetry sample due with it); whether it
-        was taken (once the workload is done, ticks stop)."""
+        """Take the tick due now; whether it was taken (once the workload is done, ticks
+        stop)."""
         if self._workload_done():
             self._tick_at = math.inf
             return False
-        telemetry = self.telemetry
-        if telemetry is not None and telemetry.next_ms == self.now:
-            telemetry.periodic(self.now, *self._observed())
         self._tick()
         return True
 
@@ -655,10 +651,12 @@ class Runtime:
     def _settle(self) -> None:
         now = self.now
         completions, admission, pools = self._completions, self.admission, self.flow.pools
-        # A scaling tick due now (after its telemetry sample) ends the instant's first
-        # round, as the reference's settle loop has it: what that round released but has
+        # The telemetry sample and then the scaling tick due now end the instant's first
+        # round, as the reference's settle loop has them: what that round released but has
         # not placed yet (a disaggregated request's first handoff action) is placed in the
-        # next round, on the pools the tick left.
+        # next round (on the pools the tick left).
+        telemetry = self.telemetry
+        sample = telemetry is not None and telemetry.next_ms == now
         tick = self._tick_at == now
         while True:
             # Each step is skipped when a look shows it has nothing to do (the last
@@ -677,6 +675,10 @@ class Runtime:
                 changed |= self._start_passes(now)
             if self._scaled:
                 changed |= self._remove_drained(now)
+            if sample:
+                sample = False
+                assert telemetry is not None
+                telemetry.periodic(now, *self._observed())
             if tick:
                 tick = False
                 changed |= self._tick_due()
