@@ -346,6 +346,9 @@ def test_a_planner_that_cannot_move_changes_nothing() -> None:
     section = planned.sections["planner"]
     assert section["scaling_events"] == [] and section["total_ticks"] >= 3
     assert any(t["decision"]["reason"] == "gpu_budget_guard_hold" for t in section["ticks"])
+    ticks = section["total_ticks"]
+    assert f"Planner       throughput target (agg): {ticks} ticks, 0 scale-ups" in planned.table()
+    assert "Planner" not in plain.table()
     skip = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"}
     assert {k: v for k, v in plain.summary.items() if k not in skip} == {
         k: v for k, v in planned.summary.items() if k not in skip
