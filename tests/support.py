@@ -7,6 +7,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from servesim import RunConfig, SyntheticWorkload, parse_engine_args, run
 from servesim.cluster.disagg import DisaggregatedFlow
@@ -171,3 +172,33 @@ class Schedule:
         self._next += 1
         after = self._steps[self._next][0] if self._next < len(self._steps) else math.inf
         return ScaleDecision(targets=dict(targets), next_tick_ms=after)
+
+
+def paid_worker_seconds(transitions: list[dict[str, Any]], workers: int, end_ms: float) -> float:
+    """Worker-seconds from the lifecycle log: each worker counts from its start (or 0) to
+    its removal (or the end)."""
+    changes = [(0.0, workers)]
+    for t in transitions:
+        if t["prior_state"] is None:
+            changes.append((t["at_ms"], +1))
+        elif t["state"] == "removed":
+            changes.append((t["at_ms"], -1))
+    changes.sort(key=lambda c: c[0])
+    total, count, since = 0.0, 0, 0.0
+    for at, delta in changes:
+        total += count * (at - since)
+        count, since = count + delta, at
+    return (total + count * (end_ms - since)) / 1000.0
+
+
+def state_at(transitions: list[dict[str, Any]], worker: int | None, at: float, initial: int) -> str:
+    """A worker's state when a request arriving at ``at`` was routed (changes at that instant
+    before arrivals: readiness; after them: a tick's scale-down)."""
+    assert worker is not None
+    state = "active" if worker < initial else "absent"
+    for t in transitions:
+        if t["worker_id"] != worker:
+            continue
+        if t["at_ms"] < at or (t["at_ms"] == at and t["state"] == "active"):
+            state = t["state"]
+    return state

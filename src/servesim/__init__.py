@@ -7,6 +7,7 @@ configs), :func:`run` it, and read the :class:`Report` (``summary``,
 ``docs/api.md`` has examples.
 """
 
+from servesim.cluster.planner import PlannerConfig, parse_planner_config, planner_config
 from servesim.config import (
     Backend,
     DiskOffloadConfig,
@@ -34,6 +35,7 @@ __all__ = [
     "DiskOffloadConfig",
     "EngineConfig",
     "HostOffloadConfig",
+    "PlannerConfig",
     "Report",
     "ReportError",
     "RequestRecord",
@@ -50,6 +52,8 @@ __all__ = [
     "TraceError",
     "__version__",
     "parse_engine_args",
+    "parse_planner_config",
     "parse_router_config",
+    "planner_config",
     "run",
 ]

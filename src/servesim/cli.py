@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 import servesim
 from servesim import aic
+from servesim.cluster.planner import parse_planner_config
 from servesim.config import (
     EngineConfig,
     KeyInfo,
@@ -519,6 +520,18 @@ def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="write the telemetry samples here, one a line (needs --telemetry-interval-ms)",
     )
+    o.add_argument(
+        "--planner-config",
+        metavar="JSON",
+        help="run the planner in the loop with these PlannerConfig keys (inline JSON, or @FILE): "
+        "mode agg|disagg, optimization_target throughput|latency|load|sla, "
+        "load_adjustment_interval_seconds, max_gpu_budget, min_endpoint, ... (docs/planner.md)",
+    )
+    o.add_argument(
+        "--planner-details",
+        action="store_true",
+        help="list every planner tick's input and decision in the report's planner section",
+    )
     o.add_argument("--quiet", action="store_true", help="print no report and no progress")
 
 
@@ -633,6 +646,8 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         seed=args.seed,
         exact_passes=args.exact_passes,
         telemetry_interval_ms=args.telemetry_interval_ms,
+        planner=None if args.planner_config is None else parse_planner_config(args.planner_config),
+        planner_details=args.planner_details,
     )
 
 
@@ -1013,6 +1028,8 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         if args.telemetry_jsonl is not None and args.telemetry_interval_ms is None:
             command_parser.error("--telemetry-jsonl needs --telemetry-interval-ms")
+        if args.planner_details and args.planner_config is None:
+            command_parser.error("--planner-details needs --planner-config")
         for path, flag in (
             (args.report_json, "--report-json"),
             (args.per_request_jsonl, "--per-request-jsonl"),

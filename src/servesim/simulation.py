@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from servesim.cluster.flows import AggregatedFlow, KvObserver
+from servesim.cluster.planner import Planner, PlannerConfig, check_planner_fits
 from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, ScalingPolicy, Stage
 from servesim.config import Backend, EngineConfig, RouterConfig
 from servesim.engine.kv.disk_tier import DiskTier
@@ -94,7 +95,10 @@ class RunConfig:
     fast-forwarding decode-only stretches (same results, slower; the oracle
     fast-forward is tested against). ``telemetry_interval_ms`` turns on
     telemetry samples (:mod:`servesim.metrics.telemetry`) into the report's
-    ``telemetry`` section. ``keep_records`` False keeps only what the summary
+    ``telemetry`` section. ``planner`` runs the planner in the loop
+    (:mod:`servesim.cluster.planner`), reported in the ``planner`` section
+    (with every tick's input and decision when ``planner_details``).
+    ``keep_records`` False keeps only what the summary
     needs of each ended request (no per-request records in the report).
     ``stream`` reads a one-turn Mooncake trace as the replay goes (see
     :mod:`servesim.workload.stream`): None = when the file is larger than
@@ -127,6 +131,8 @@ class RunConfig:
     seed: int = 42
     exact_passes: bool = False
     telemetry_interval_ms: float | None = None
+    planner: PlannerConfig | None = None
+    planner_details: bool = False
     keep_records: bool = True
     stream: bool | None = None
 
@@ -351,6 +357,14 @@ def run(
             or a simulation that cannot finish (SimulationError).
     """
     _validate(config)
+    if config.planner is not None:
+        if scaling is not None:
+            raise ConfigError("a run takes a planner config or a scaling policy, not both")
+        if config.prefill_engine is not None and config.decode_engine is not None:
+            pools = {Stage.PREFILL: config.prefill_engine, Stage.DECODE: config.decode_engine}
+        else:
+            pools = {Stage.AGGREGATED: config.engine}
+        check_planner_fits(config.planner, pools)
     with _collector_paused():
         return _replay(config, progress, scaling)
 
@@ -452,9 +466,18 @@ def _replay_with(
     flow, cost_of = _flow(config, ledger, completions, disk, shared_host)
     telemetry = None
     if config.telemetry_interval_ms is not None:
-        ledger.traffic = TrafficWindow()
-        telemetry = Telemetry(config.telemetry_interval_ms, ledger.traffic)
-    runtime = Runtime(flow, admission, ledger, completions, telemetry, scaling)
+        ledger.windows.append(TrafficWindow())
+        telemetry = Telemetry(config.telemetry_interval_ms, ledger.windows[-1])
+    planner = None
+    if config.planner is not None:
+        ledger.windows.append(TrafficWindow())
+        engines = {pool.stage: pool.workers[0].config for pool in flow.pools}
+        planner = scaling = Planner(
+            config.planner, engines, ledger.windows[-1], details=config.planner_details
+        )
+    runtime = Runtime(
+        flow, admission, ledger, completions, telemetry, scaling, split_at_ticks=planner is not None
+    )
     started = time.perf_counter()
     outcome = runtime.run(config.max_sim_time_ms)
     wall_ms = (time.perf_counter() - started) * 1000.0
@@ -469,6 +492,8 @@ def _replay_with(
         assert config.execution_model is not None
         summary.update(_trajectory_summary(admission, config.execution_model))
     sections: dict[str, Any] = {"telemetry": telemetry.section()} if telemetry is not None else {}
+    if planner is not None:
+        sections["planner"] = planner.section(runtime.transitions())
     if scaling is not None:
         sections["lifecycle_transitions"] = [
             {
@@ -742,6 +767,7 @@ def _flow(
     fast = not config.exact_passes
     clients = _Clients(shared_host)
     gauges = config.telemetry_interval_ms is not None
+    fpm = config.planner is not None
     if not config.disaggregated:
         engine = config.engine
         kv = config.router_mode == "kv_router"
@@ -754,6 +780,7 @@ def _flow(
                 kv_events=kv,
                 disk=disk,
                 gauges=gauges,
+                fpm=fpm,
                 shared_host=clients.of(engine),
             )
 
@@ -807,11 +834,14 @@ def _flow(
             fast_forward=fast,
             kv_events=kv,
             gauges=gauges,
+            fpm=fpm,
             shared_host=clients.of(prefill),
         )
 
     def decode_worker(i: int) -> Worker:
-        return Worker(i, decode, fast_forward=fast, gauges=gauges, shared_host=clients.of(decode))
+        return Worker(
+            i, decode, fast_forward=fast, gauges=gauges, fpm=fpm, shared_host=clients.of(decode)
+        )
 
     prefill_pool = Pool(
         Stage.PREFILL,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +20,7 @@ from servesim.cluster.runtime import Stage
 from servesim.config import Role
 from servesim.metrics.report import request_row
 from servesim.simulation import Report
-from tests.support import Schedule
+from tests.support import Schedule, paid_worker_seconds, state_at
 
 AGG, PREFILL, DECODE = Stage.AGGREGATED, Stage.PREFILL, Stage.DECODE
 FIXED = {"type": "fixed", "prefill_ms": 10, "decode_ms": 1}
@@ -124,7 +123,8 @@ def test_without_startup_time_a_worker_is_active_at_once() -> None:
 
 def test_kv_router_places_only_on_active_workers() -> None:
     """The KV router: worker 3, started at 500 (1 s startup), takes requests from 1,500; down to
-    2 at 2,000 drains the highest ids, 3 then 2 (idle at the tick: removed in that instant), and
+    2 at 2,000 drains the highest ids, 3 then 2 (each idle at the tick: removed at once, as
+    the reference lists an idle worker's drain and removal together), and
     nothing is placed on them afterwards."""
     report = _agg(
         [(500.0, {AGG: 4}), (2000.0, {AGG: 2})], workers=3, startup_s=1.0, router="kv_router"
@@ -133,9 +133,9 @@ def test_kv_router_places_only_on_active_workers() -> None:
         (500.0, 3, None, "starting"),
         (1500.0, 3, "starting", "active"),
         (2000.0, 3, "active", "draining"),
+        (2000.0, 3, "draining", "removed"),
         (2000.0, 2, "active", "draining"),
         (2000.0, 2, "draining", "removed"),
-        (2000.0, 3, "draining", "removed"),
     ]
     for r in report.records:
         assert r.worker not in (2, 3) or r.arrival_time_ms < 2000.0
@@ -205,23 +205,6 @@ def test_a_policy_that_never_ticks_changes_nothing() -> None:
     assert [request_row(r) for r in plain.records] == [request_row(r) for r in scripted.records]
 
 
-def _integral(transitions: list[dict[str, Any]], workers: int, end_ms: float) -> float:
-    """Worker-seconds from the lifecycle log: each worker counts from its start (or 0) to
-    its removal (or the end)."""
-    changes = [(0.0, workers)]
-    for t in transitions:
-        if t["prior_state"] is None:
-            changes.append((t["at_ms"], +1))
-        elif t["state"] == "removed":
-            changes.append((t["at_ms"], -1))
-    changes.sort(key=lambda c: c[0])
-    total, count, since = 0.0, 0, 0.0
-    for at, delta in changes:
-        total += count * (at - since)
-        count, since = count + delta, at
-    return (total + count * (end_ms - since)) / 1000.0
-
-
 @settings(max_examples=25, deadline=None)
 @given(
     steps=st.lists(
@@ -247,24 +230,9 @@ def test_gpu_hours_are_the_integral_of_worker_counts(
     )
     transitions = report.sections["lifecycle_transitions"]
     seconds = report.summary["decode_worker_seconds"]
-    expected = _integral(transitions, workers, report.summary["duration_ms"])
+    expected = paid_worker_seconds(transitions, workers, report.summary["duration_ms"])
     assert math.isclose(seconds, expected, rel_tol=1e-9)
     assert math.isclose(report.summary["gpu_hours"], seconds / 3600.0, rel_tol=1e-12)
     assert report.summary["completed_requests"] == 40
     for r in report.records:
-        assert _state_at(transitions, r.worker, r.arrival_time_ms, workers) == "active"
-
-
-def _state_at(
-    transitions: list[dict[str, Any]], worker: int | None, at: float, initial: int
-) -> str:
-    """A worker's state when a request arriving at ``at`` was routed (changes at that instant
-    before arrivals: readiness; after them: a tick's scale-down)."""
-    assert worker is not None
-    state = "active" if worker < initial else "absent"
-    for t in transitions:
-        if t["worker_id"] != worker:
-            continue
-        if t["at_ms"] < at or (t["at_ms"] == at and t["state"] == "active"):
-            state = t["state"]
-    return state
+        assert state_at(transitions, r.worker, r.arrival_time_ms, workers) == "active"

@@ -15,7 +15,12 @@ repository runs them alone. Beside each scenario is what the reference
   ``<name>.spread.json``, the minimum and maximum of every summary key over
   many reference runs;
 - scenarios with ``telemetry_options`` (round robin): also
-  ``<name>.telemetry.json``, the reference's whole ``telemetry`` section.
+  ``<name>.telemetry.json``, the reference's whole ``telemetry`` section;
+- scenarios with ``planner_config`` (round robin): also
+  ``<name>.planner.json``, the reference's ``planner`` section (with
+  ``capture_planner_details``, its lifecycle operations and every tick's
+  input too); :func:`planner_view` reduces either simulator's to what both
+  write.
 
 The functions here build servesim's command line for a scenario the way
 ``refcheck.py`` does, reduce per-request records of either simulator to the
@@ -117,6 +122,16 @@ class Scenario:
         return REFERENCE / f"{self.name}.telemetry.json"
 
     @property
+    def planner(self) -> bool:
+        """Whether the scenario runs the planner in the loop (``planner_config``)."""
+        return self.spec.get("planner_config") is not None
+
+    @property
+    def planner_path(self) -> Path:
+        """The reference's ``planner`` report section (scenarios with a planner)."""
+        return REFERENCE / f"{self.name}.planner.json"
+
+    @property
     def spread_path(self) -> Path:
         """Minimum and maximum of each summary key over the reference's runs (KV router)."""
         return REFERENCE / f"{self.name}.spread.json"
@@ -206,7 +221,7 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
         "synthetic", "replay_concurrency", "router_mode", "router_config", "num_workers",
         "engine", "num_prefill_workers", "num_decode_workers", "prefill_engine",
         "decode_engine", "servesim_engine_overrides", "kv_event_lag_ms", "telemetry_options",
-        *_TRACE_FLAGS,
+        "planner_config", "capture_planner_details", *_TRACE_FLAGS,
     }  # fmt: skip
     unknown = sorted(set(sc.spec) - known)
     if unknown:
@@ -253,6 +268,10 @@ def servesim_argv(sc: Scenario, workdir: Path, report: Path) -> list[str]:
     if spec.get("telemetry_options") is not None:
         interval = spec["telemetry_options"].get("sample_interval_ms", 1000.0)
         argv += ["--telemetry-interval-ms", str(interval)]
+    if spec.get("planner_config") is not None:
+        argv += ["--planner-config", json.dumps(spec["planner_config"])]
+    if spec.get("capture_planner_details"):
+        argv.append("--planner-details")
     return [*argv, "--report-json", str(report), "--quiet"]
 
 
@@ -498,3 +517,68 @@ def write_records(path: Path, rows: Sequence[Row]) -> None:
     """Rows as ``{"fields": [...], "rows": [...]}`` with one row per line (small, diffable)."""
     body = ",\n".join(json.dumps(row) for row in rows)
     path.write_text(f'{{"fields": {json.dumps(list(RECORD_FIELDS))},\n"rows": [\n{body}\n]}}\n')
+
+
+# The reference's forward-pass metric fields (scheduled, then queued) and servesim's names.
+_FPM_FIELDS = {
+    ("scheduled_requests", "num_prefill_requests"): "prefill_requests",
+    ("scheduled_requests", "sum_prefill_tokens"): "prefill_tokens",
+    ("scheduled_requests", "var_prefill_length"): "prefill_length_var",
+    ("scheduled_requests", "sum_prefill_kv_tokens"): "prefill_kv_tokens",
+    ("scheduled_requests", "num_decode_requests"): "decode_requests",
+    ("scheduled_requests", "sum_decode_kv_tokens"): "decode_kv_tokens",
+    ("scheduled_requests", "var_decode_kv_tokens"): "decode_kv_var",
+    ("queued_requests", "num_prefill_requests"): "queued_prefill",
+    ("queued_requests", "sum_prefill_tokens"): "queued_prefill_tokens",
+    ("queued_requests", "var_prefill_length"): "queued_prefill_var",
+    ("queued_requests", "num_decode_requests"): "queued_decode",
+    ("queued_requests", "sum_decode_kv_tokens"): "queued_decode_kv_tokens",
+    ("queued_requests", "var_decode_kv_tokens"): "queued_decode_var",
+}
+
+
+def _reference_fpm(metrics: Json) -> Json:
+    out = {ours: metrics[group][key] for (group, key), ours in _FPM_FIELDS.items()}
+    out["wall_time_s"] = metrics["wall_time"]
+    return out
+
+
+def planner_view(section: Json, *, reference: bool) -> Json:
+    """What both simulators' ``planner`` sections say, in one shape: the scaling events, the
+    tick count, the shared metadata, the lifecycle operations (instant, pool, cause and
+    transitions) and, with details, each tick's time and every (worker, rank)'s FPM by pool
+    (an aggregated pool under ``decode``, as the reference files it)."""
+    view: Json = {
+        "scaling_events": section["scaling_events"],
+        "total_ticks": section["total_ticks"],
+        "metadata": {k: section["metadata"][k] for k in ("mode", "bootstrap", "details_captured")},
+        "lifecycle_operations": [
+            {
+                "at_ms": op["at_ms"],
+                "pool": op["pool"],
+                "cause": op["cause"],
+                "transitions": [
+                    {k: t[k] for k in ("worker_id", "prior_state", "state", "transition")}
+                    for t in op["transitions"]
+                ],
+            }
+            for op in section["lifecycle_operations"]
+        ],
+    }
+    ticks = []
+    for tick in section.get("ticks", []):
+        observed = tick["input"]["fpm_observations"] or {}
+        fpms: Json = {}
+        for pool, rows in observed.items():
+            name = "decode" if pool == "agg" else pool
+            fpms[name] = [
+                {
+                    "worker_id": int(row["worker_id"]),
+                    "dp_rank": row["dp_rank"],
+                    **(_reference_fpm(row["metrics"]) if reference else row["metrics"]),
+                }
+                for row in rows or []
+            ]
+        ticks.append({"at_ms": tick["at_ms"], "fpms": {k: v for k, v in fpms.items() if v}})
+    view["ticks"] = ticks
+    return view

@@ -12,8 +12,11 @@ reads exactly the bytes the tests give servesim. Then:
 
 - round-robin scenarios: it runs the reference twice, checks the two runs
   agree (summary but for host-speed keys, reduced per-request records and
-  the telemetry section), and writes ``<name>.summary.json`` and
-  ``<name>.requests.json`` (and ``<name>.telemetry.json`` with telemetry);
+  the telemetry and planner sections), and writes ``<name>.summary.json``
+  and ``<name>.requests.json`` (and ``<name>.telemetry.json`` with
+  telemetry, ``<name>.planner.json`` with a planner: planner scenarios need
+  the reference's planner packages, ``--venv`` of a venv set up with
+  ``setup.sh VENV --with-planner``);
 - KV-router scenarios: it runs the reference ``--runs`` times (its tie-breaks
   are random and unseeded) and writes ``<name>.spread.json``: the minimum
   and maximum of every numeric summary key over the runs, and each
@@ -52,9 +55,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_reference(
     sc: Scenario, python: Path, refcheck: Path, workdir: Path, *, requests: bool
-) -> tuple[Json, list[Json], Json | None]:
+) -> tuple[Json, list[Json], Json]:
     """One reference run: its summary, (with ``requests``) its per-request records, and its
-    telemetry section (None without telemetry)."""
+    other sections (``telemetry``, ``planner``: those the scenario asks for)."""
     scenario = workdir / f"{sc.name}.json"
     scenario.write_text(json.dumps(with_absolute_paths(sc.spec)))
     out, records = workdir / "summary.json", workdir / "requests.jsonl"
@@ -65,7 +68,8 @@ def run_reference(
     subprocess.run(argv, check=True, env=env, cwd=workdir)
     report = json.loads(out.read_text())
     rows = [json.loads(line) for line in records.read_text().splitlines()] if requests else []
-    return report["summary"], rows, report.get("telemetry")
+    sections = {key: report[key] for key in ("telemetry", "planner") if key in report}
+    return report["summary"], rows, sections
 
 
 def check_identities(sc: Scenario, records: list[Json]) -> None:
@@ -102,9 +106,21 @@ def same_summary(a: Json, b: Json) -> bool:
     )
 
 
+def same_values(a: Any, b: Any) -> bool:
+    """Whether two JSON values agree, floats to 1e-12 relative (the reference's FPM variances
+    come out of its hash maps in an order that changes from run to run: 1e-16 apart)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_values(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_values(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 def regenerate_deterministic(sc: Scenario, python: Path, refcheck: Path) -> None:
     """Store the summary and reduced records of a round-robin scenario, after checking two runs agree."""
-    outputs: list[tuple[Json, list[Row], Json | None]] = []
+    outputs: list[tuple[Json, list[Row], Json]] = []
     for _ in range(2):
         with tempfile.TemporaryDirectory() as tmp:
             summary, records, telemetry = run_reference(
@@ -113,14 +129,19 @@ def regenerate_deterministic(sc: Scenario, python: Path, refcheck: Path) -> None
         check_identities(sc, records)
         outputs.append((summary, reduce_records(records), telemetry))
     (s1, r1, t1), (s2, r2, t2) = outputs
-    if not same_summary(s1, s2) or r1 != r2 or t1 != t2:
+    if not same_summary(s1, s2) or r1 != r2 or not same_values(t1, t2):
         raise SystemExit(f"{sc.name}: two reference runs differ; it is not deterministic")
     sc.summary_path.write_text(json.dumps({"summary": s1}, indent=1, sort_keys=True) + "\n")
     write_records(sc.requests_path, r1)
-    if sc.telemetry:
-        if t1 is None:
-            raise SystemExit(f"{sc.name}: the reference wrote no telemetry section")
-        sc.telemetry_path.write_text(json.dumps(t1, indent=1, sort_keys=True) + "\n")
+    for wanted, key, path in (
+        (sc.telemetry, "telemetry", sc.telemetry_path),
+        (sc.planner, "planner", sc.planner_path),
+    ):
+        if not wanted:
+            continue
+        if key not in t1:
+            raise SystemExit(f"{sc.name}: the reference wrote no {key} section")
+        path.write_text(json.dumps(t1[key], indent=1, sort_keys=True) + "\n")
     print(f"{sc.name}: summary ({len(s1)} keys) and {len(r1)} records", flush=True)
 
 

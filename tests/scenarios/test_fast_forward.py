@@ -45,3 +45,17 @@ def test_fast_forward_samples_what_stepping_samples(name: str, servesim_runs: Se
     fast = flatten_all(servesim_runs.get(name).sections["telemetry"])
     exact = flatten_all(servesim_runs.get(name, exact_passes=True).sections["telemetry"])
     assert_same(fast, exact)
+
+
+@pytest.mark.parametrize("name", [sc.name for sc in load_scenarios() if sc.planner])
+def test_fast_forward_plans_what_stepping_plans(name: str, servesim_runs: ServesimRuns) -> None:
+    """The planner's scaling events and ticks agree in both modes: windows split at ticks."""
+    fast = flatten_all(servesim_runs.get(name).sections["planner"])
+    exact = flatten_all(servesim_runs.get(name, exact_passes=True).sections["planner"])
+    assert fast.keys() == exact.keys()
+    for key, value in exact.items():
+        # Variances of FPMs sum the same lengths in another order: 1e-16 apart.
+        if isinstance(value, float):
+            assert math.isclose(fast[key], value, rel_tol=1e-12, abs_tol=1e-9), key
+        else:
+            assert fast[key] == value, key

@@ -16,7 +16,13 @@ what the reference produced (see ``harness.py`` for the stored files and
 - KV-router scenarios: the reference breaks cost ties at random, so every
   summary value must lie within the range of its stored runs;
 - scenarios with telemetry: every value of every sample agrees under the
-  deterministic rule, and so does the number of samples.
+  deterministic rule, and so does the number of samples;
+- scenarios with a planner: its scaling events (time, pool, from and to
+  counts, direction), tick count, lifecycle operations and the metadata
+  servesim shares with the reference (mode, bootstrap, details captured)
+  agree exactly; with ``capture_planner_details``, so does every tick's
+  forward-pass metrics of every (worker, rank) (counts and token sums
+  exactly, variances and wall times to 1e-6).
 
 Disagreements that are known today (the engine is being fixed) are listed in
 the ``KNOWN_*`` dicts below with what exactly differs; each marks its case
@@ -43,6 +49,7 @@ from tests.scenarios.harness import (
     load_scenario,
     load_scenarios,
     missing_keys,
+    planner_view,
     read_records,
     reduce_records,
 )
@@ -51,6 +58,7 @@ from tests.scenarios.runs import ServesimRuns
 ALL = [sc.name for sc in load_scenarios()]
 DETERMINISTIC = [sc.name for sc in load_scenarios() if not sc.kv_router]
 TELEMETRY = [sc.name for sc in load_scenarios() if sc.telemetry and not sc.kv_router]
+PLANNER = [sc.name for sc in load_scenarios() if sc.planner and not sc.kv_router]
 
 # Known disagreements with the reference, as of commit 303bde3 (servesim at
 # HEAD when these were last checked). Each entry marks its case
@@ -61,7 +69,14 @@ TELEMETRY = [sc.name for sc in load_scenarios() if sc.telemetry and not sc.kv_ro
 KNOWN_MISSING_KEYS: dict[str, str] = {}
 
 # Scenario -> which summary values differ (test_summary_matches_reference).
-KNOWN_SUMMARY_FAILURES: dict[str, str] = {}
+KNOWN_SUMMARY_FAILURES: dict[str, str] = {
+    "disagg_planner_throughput_min2": (
+        "decode ranks whose requests' sequences outgrow the KV cache (through shared prefixes) "
+        "admit a few P/D destinations one decode pass later than the reference from about "
+        "52 s on: mean TTST 0.12 % apart, mean TTFT 3e-5; the planner's events, ticks and "
+        "drains agree exactly (docs/reference-differences.md)"
+    ),
+}
 
 # The KV router breaks cost ties at random (the reference unseeded, servesim seeded), so
 # one run is one sample: a KV scenario's summary is the per-key median of servesim's runs
@@ -82,7 +97,9 @@ def median_summary(runs: list[Json]) -> Json:
 
 
 # Scenario -> which per-request records differ (test_requests_match_reference).
-KNOWN_REQUEST_FAILURES: dict[str, str] = {}
+KNOWN_REQUEST_FAILURES: dict[str, str] = {
+    "disagg_planner_throughput_min2": "20 of 600 records: see KNOWN_SUMMARY_FAILURES",
+}
 
 
 def cases(names: list[str], known: Mapping[str, str]) -> list[pytest.ParameterSet]:
@@ -139,6 +156,17 @@ def test_telemetry_matches_reference(name: str, servesim_runs: ServesimRuns) -> 
     sc = load_scenario(name)
     reference = json.loads(sc.telemetry_path.read_text())
     check(compare_section(name, reference, servesim_runs.get(name).sections.get("telemetry")))
+
+
+@pytest.mark.parametrize("name", PLANNER)
+def test_planner_matches_reference(name: str, servesim_runs: ServesimRuns) -> None:
+    """Scaling events, ticks, lifecycle operations and (with details) every tick's FPMs
+    (worker-seconds and GPU-hours are in the summary)."""
+    sc = load_scenario(name)
+    reference = planner_view(json.loads(sc.planner_path.read_text()), reference=True)
+    ours = servesim_runs.get(name).sections.get("planner")
+    assert ours is not None, f"{name}: servesim wrote no planner section"
+    check(compare_section(name, reference, planner_view(ours, reference=False)))
 
 
 def test_two_runs_are_byte_identical_but_for_wall_time(

@@ -321,8 +321,8 @@ class DisaggregatedFlow:
             if self._observer is not None:
                 record.selected_overlap_blocks = routed.overlap_blocks
                 record.best_available_overlap_blocks = routed.best_overlap_blocks
-                if self._ledger.traffic is not None:
-                    self._ledger.traffic.on_routed(routed.overlap_blocks, handoff.route.blocks)
+                for window in self._ledger.windows:
+                    window.on_routed(routed.overlap_blocks, handoff.route.blocks)
             # The prefill side computes the prompt and one hidden token; the decode side emits them all.
             request = EngineRequest(
                 routed.uid,

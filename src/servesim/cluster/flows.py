@@ -222,8 +222,8 @@ class AggregatedFlow:
             if self._observer is not None:
                 record.selected_overlap_blocks = routed.overlap_blocks
                 record.best_available_overlap_blocks = routed.best_overlap_blocks
-                if self._ledger.traffic is not None:
-                    self._ledger.traffic.on_routed(routed.overlap_blocks, route.blocks)
+                for window in self._ledger.windows:
+                    window.on_routed(routed.overlap_blocks, route.blocks)
             request = EngineRequest(
                 routed.uid,
                 spec.prompt,

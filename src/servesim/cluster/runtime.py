@@ -15,11 +15,18 @@ then jumps to the next timestamp: the earliest pass end, arrival, flow
 deadline or idle worker's own deadline. A pass is decided at its start; its outputs become visible at its end.
 
 With telemetry (:mod:`servesim.metrics.telemetry`), a sample due at a
-timestamp is taken once it has settled; one due between timestamps is taken
+timestamp is taken at the end of that instant's first round of the settle
+loop, as the reference takes it (a disaggregated request released then has
+not taken its first handoff step yet); one due between timestamps is taken
 there without settling anything. Before either, fast-forward windows are
 split at the sample time (:meth:`Worker.split_at`) so that the pass ends
 before it happen, as stepping would have them. Cost is priced only at the
 timestamps the run has without telemetry, so sampling changes no output.
+A planner's tick (:mod:`servesim.cluster.planner`) splits windows the same
+way, so that the forward-pass metrics it reads are those of the passes ended
+by then. A scaling tick comes at the end of its instant's first round too,
+after the sample due then: a disaggregated request released at that instant
+takes its first handoff step in the next round, on the pools the tick left.
 
 What happens to a request between arrival and its end is the *flow*'s
 business (:mod:`servesim.cluster.flows`); the runtime owns the clock, the
@@ -80,6 +87,10 @@ class Transition:
     worker_id: int
     prior: WorkerState | None
     state: WorkerState
+    cause: str
+    """What moved it, as the reference names it: ``planner_scale`` (a tick's target; an idle
+    worker drained at a tick is removed then too), ``worker_ready_event`` (a startup
+    finished) or ``drain_settlement`` (a draining worker finished its work)."""
 
 
 WorkerFactory = Callable[[int], Worker]
@@ -106,6 +117,8 @@ class Pool:
         self.stage = stage
         self.workers = workers
         self.states = [WorkerState.ACTIVE] * len(workers)
+        # When each worker entered its state (a planner's idle-FPM clock starts at readiness).
+        self.since = [0.0] * len(workers)
         self._completions = completions
         self._factory = factory
         # Workers whose state changed since they last tried to start a pass (a
@@ -133,7 +146,8 @@ class Pool:
         Up: new workers with new ids, starting (ready ``startup_ms`` later) or,
         without a startup time, active at once. Down: starting workers are
         cancelled first, highest id first, then the highest-id active workers
-        drain (no new placements; removed once drained).
+        drain (no new placements; removed once drained, at
+        once if idle).
 
         Returns:
             The ids of the workers that started (the caller arms their readiness).
@@ -148,8 +162,9 @@ class Pool:
                 worker_id = len(self.workers)
                 self.workers.append(self._factory(worker_id))
                 self.states.append(WorkerState.REMOVED)  # set just below
+                self.since.append(now)
                 state = WorkerState.STARTING if startup_ms > 0 else WorkerState.ACTIVE
-                self._move(worker_id, state, now, new=True)
+                self._move(worker_id, state, now, "planner_scale", new=True)
                 self.provisioned += 1
                 if state is WorkerState.STARTING:
                     started.append(worker_id)
@@ -157,22 +172,26 @@ class Pool:
         for worker_id in reversed(starting):
             if excess <= 0:
                 break
-            self._move(worker_id, WorkerState.REMOVED, now)
+            self._move(worker_id, WorkerState.REMOVED, now, "planner_scale")
             self.provisioned -= 1
             excess -= 1
         for worker_id in reversed(active):
             if excess <= 0:
                 break
-            self._move(worker_id, WorkerState.DRAINING, now)
-            self._draining.add(worker_id)
+            self._move(worker_id, WorkerState.DRAINING, now, "planner_scale")
             excess -= 1
+            if self.workers[worker_id].drained():
+                self._move(worker_id, WorkerState.REMOVED, now, "planner_scale")
+                self.provisioned -= 1
+            else:
+                self._draining.add(worker_id)
         return started
 
     def ready(self, worker_id: int, now: float) -> bool:
         """A startup finished: the worker becomes active (False: it was cancelled meanwhile)."""
         if self.states[worker_id] is not WorkerState.STARTING:
             return False
-        self._move(worker_id, WorkerState.ACTIVE, now)
+        self._move(worker_id, WorkerState.ACTIVE, now, "worker_ready_event")
         return True
 
     def remove_drained(self, now: float) -> bool:
@@ -180,15 +199,25 @@ class Pool:
         done = [i for i in sorted(self._draining) if self.workers[i].drained()]
         for worker_id in done:
             self._draining.discard(worker_id)
-            self._move(worker_id, WorkerState.REMOVED, now)
+            self._move(worker_id, WorkerState.REMOVED, now, "drain_settlement")
             self.provisioned -= 1
         return bool(done)
 
-    def _move(self, worker_id: int, state: WorkerState, now: float, *, new: bool = False) -> None:
+    def _move(
+        self, worker_id: int, state: WorkerState, now: float, cause: str, *, new: bool = False
+    ) -> None:
         before = None if new else self.states[worker_id]
         self.states[worker_id] = state
+        self.since[worker_id] = now
         self.transitions.append(
-            Transition(at_ms=now, stage=self.stage, worker_id=worker_id, prior=before, state=state)
+            Transition(
+                at_ms=now,
+                stage=self.stage,
+                worker_id=worker_id,
+                prior=before,
+                state=state,
+                cause=cause,
+            )
         )
 
     def submit(self, worker_id: int, rank: int, request: EngineRequest, now: float) -> None:
@@ -254,8 +283,9 @@ class Ledger:
         self.collector = collector
         self._admission = admission
         self._progress = progress
-        # With telemetry: the traffic of the current sample interval.
-        self.traffic: TrafficWindow | None = None
+        # The traffic windows that watch the workload (telemetry's sample interval, the
+        # planner's time since its last tick).
+        self.windows: list[TrafficWindow] = []
         self._records: dict[int, RequestRecord] = {}
         self._released: dict[int, Released] = {}
         self._ended = 0
@@ -298,8 +328,9 @@ class Ledger:
         """
         record = self._records.pop(uid)
         self.collector.on_terminal(record, now, terminal, seal=seal)
-        if self.traffic is not None and terminal is Terminal.COMPLETED:
-            self.traffic.on_completed(record)
+        if terminal is Terminal.COMPLETED:
+            for window in self.windows:
+                window.on_completed(record)
         self._admission.on_finished(self._released.pop(uid), now)
         self._ended += 1
         if self._progress is not None:
@@ -400,9 +431,14 @@ class Runtime:
         completions: list[tuple[float, int, int]],
         telemetry: Telemetry | None = None,
         scaling: ScalingPolicy | None = None,
+        *,
+        split_at_ticks: bool = False,
     ) -> None:
         self.flow = flow
         self.scaling = scaling
+        # A policy that reads the passes ended by a tick (the planner's FPMs): windows are
+        # split at the tick as at a telemetry sample.
+        self._split_at_ticks = split_at_ticks
         self.admission = admission
         self.ledger = ledger
         self.telemetry = telemetry
@@ -456,9 +492,10 @@ class Runtime:
             if upcoming > cap:
                 self._deliver_windows_up_to(cap)
                 return self._outcome(time_limited=True)
+            if self._split_at_ticks and upcoming == self._tick_at and self._split_windows(upcoming):
+                continue  # a window now ends by the tick: the loop settles its end first
             self._advance(upcoming)
             self._settle()
-            self._run_ticks()
         if self.ledger.in_flight or not self.admission.drained():
             raise SimulationError(
                 f"simulation reached a dead end at {self.now:.3f} ms with {self.ledger.in_flight} "
@@ -518,9 +555,7 @@ class Runtime:
             return  # a window now ends by the sample: the loop settles its end first
         if due == upcoming:
             self._advance(due)
-            self._settle()
-            telemetry.periodic(due, *self._observed())
-            self._run_ticks()  # the planner decides after the sample
+            self._settle()  # which samples at the end of its first round
         else:
             self.now = due  # between timestamps: observe only
             telemetry.periodic(due, *self._observed())
@@ -538,13 +573,18 @@ class Runtime:
     # ----- scaling -----
 
     def _run_ticks(self) -> None:
-        """Scaling ticks due now, each once the instant settled (the decision comes last)."""
-        while self._tick_at == self.now:
-            if self._workload_done():
-                self._tick_at = math.inf  # ticks stop with the workload
-                return
-            self._tick()
+        """The first tick, when it is due at the start (the others come in :meth:`_settle`)."""
+        if self._tick_at == self.now and self._tick_due():
             self._settle()
+
+    def _tick_due(self) -> bool:
+        """Take the tick due now; whether it was taken (once the workload is done, ticks
+        stop)."""
+        if self._workload_done():
+            self._tick_at = math.inf
+            return False
+        self._tick()
+        return True
 
     def _tick(self) -> None:
         assert self.scaling is not None
@@ -615,6 +655,13 @@ class Runtime:
     def _settle(self) -> None:
         now = self.now
         completions, admission, pools = self._completions, self.admission, self.flow.pools
+        # The telemetry sample and then the scaling tick due now end the instant's first
+        # round, as the reference's settle loop has them: what that round released but has
+        # not placed yet (a disaggregated request's first handoff action) is placed in the
+        # next round (on the pools the tick left).
+        telemetry = self.telemetry
+        sample = telemetry is not None and telemetry.next_ms == now
+        tick = self._tick_at == now
         while True:
             # Each step is skipped when a look shows it has nothing to do (the last
             # round, which confirms that nothing changed, is most of them).
@@ -632,6 +679,13 @@ class Runtime:
                 changed |= self._start_passes(now)
             if self._scaled:
                 changed |= self._remove_drained(now)
+            if sample:
+                sample = False
+                assert telemetry is not None
+                telemetry.periodic(now, *self._observed())
+            if tick:
+                tick = False
+                changed |= self._tick_due()
             if not changed:
                 if self._shared_own_work:
                     for pool in pools:
@@ -686,8 +740,8 @@ class Runtime:
     def _release_arrivals(self, now: float) -> bool:
         released = self.admission.release(now)
         collector = self.ledger.collector
-        if self.ledger.traffic is not None:
-            self.ledger.traffic.arrivals += len(released)
+        for window in self.ledger.windows:
+            window.arrivals += len(released)
         for item in released:
             spec = item.spec
             record = collector.on_arrival(

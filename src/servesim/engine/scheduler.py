@@ -21,6 +21,46 @@ from servesim.engine.timing import TimingModel
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ForwardPass:
+    """One pass's forward-pass metrics (FPM), as the reference's engines publish them.
+
+    *Scheduled* counts the pass's work: prompt chunks (their tokens, the
+    prompt tokens already computed or cached before them, the variance of
+    their prompt lengths) and decode steps (each request's sequence length,
+    prompt plus output so far). *Queued* counts what waits once the pass is
+    decided: fresh requests (their prompt lengths) and preempted ones (their
+    prompt plus output). Variances are population variances. An idle rank
+    publishes zeros (with its worker's pass time, or none at all when a
+    planner fills in an idle second).
+    """
+
+    wall_time_s: float = 0.0
+    prefill_requests: int = 0
+    prefill_tokens: int = 0
+    prefill_length_var: float = 0.0
+    prefill_kv_tokens: int = 0
+    decode_requests: int = 0
+    decode_kv_tokens: int = 0
+    decode_kv_var: float = 0.0
+    queued_prefill: int = 0
+    queued_prefill_tokens: int = 0
+    queued_prefill_var: float = 0.0
+    queued_decode: int = 0
+    queued_decode_kv_tokens: int = 0
+    queued_decode_var: float = 0.0
+
+
+def population_var(values: list[int]) -> float:
+    """The population variance of ``values`` (0.0 for fewer than two), summed in sorted order
+    so that the same values in any order give the same float."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return sum((v - mean) ** 2 for v in sorted(values)) / n
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RankGauges:
     """A rank's scheduler gauges, as telemetry samples them.
 

@@ -53,7 +53,14 @@ from servesim.engine.kv.hashing import chain, generated_block_hash
 from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
-from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankGauges
+from servesim.engine.scheduler import (
+    CatchUp,
+    DecodePlan,
+    ForwardPass,
+    PassResult,
+    RankGauges,
+    population_var,
+)
 from servesim.engine.speculative import SpeculativeSampler
 from servesim.engine.timing import TimingModel, pass_duration, pass_durations
 
@@ -148,6 +155,10 @@ class VllmScheduler:
         self._recomputing: list[EngineRequest] = []
         self._emitting: list[EngineRequest] = []
         self._result = PassResult(end_ms=0.0)
+        # Forward-pass metrics (a planner reads them): measured when ``measure_fpm``
+        # is set, the latest stepped pass's in ``fpm``.
+        self.measure_fpm = False
+        self.fpm = ForwardPass()
 
     # ----- public API -----
 
@@ -297,11 +308,81 @@ class VllmScheduler:
                     self._offload.observe_computed(request, now)
         elif not result.preempted and len(self.running) < self._max_seqs:
             self._schedule_waiting()
+        scheduled = self._scheduled_work() if self.measure_fpm else None
         result.end_ms = self._emit(now) if self._sampler is None else self._emit_bursts(now)
+        if scheduled is not None:
+            self.fpm = self._forward_pass(scheduled, (result.end_ms - now) / 1000.0)
         result.progressed |= bool(
             cohort or self._scheduled or result.finished or result.rejected or result.preempted
         )
         return result
+
+    def _scheduled_work(self) -> tuple[list[int], int, int, list[int]]:
+        """The decided pass's work, as its FPM counts it: the prompt lengths of the requests
+        computing prompt tokens, their tokens and the prompt tokens before them, and the
+        sequence lengths of the decoding requests (cohort members at ``base + step + 1``)."""
+        prompts: list[int] = []
+        tokens = before = 0
+        decodes: list[int] = []
+        for request, (desired, prompt_before, prompt_tokens) in self._scheduled.items():
+            if prompt_tokens > 0:
+                prompts.append(request.prompt_len)
+                tokens += desired
+                before += prompt_before
+            else:
+                decodes.append(request.length)
+        at = self._step + 1
+        decodes += [request.cohort_base + at for request in self._members]
+        return prompts, tokens, before, decodes
+
+    def _forward_pass(
+        self, work: tuple[list[int], int, int, list[int]], wall_time_s: float
+    ) -> ForwardPass:
+        """The FPM of a pass that scheduled ``work``, with the queue as it stands now."""
+        prompts, tokens, before, decodes = work
+        # Queued to prefill: fresh requests. Queued to decode: preempted ones (prompt plus
+        # output), and on a decode rank every P/D destination by its prompt length (the
+        # reference counts a destination so while it lives, preempted or not): waiting
+        # to be admitted, in transfer, or not yet reserved.
+        fresh: list[int] = []
+        queued: list[int] = []
+        role = self.role
+        destination = isinstance(role, DestinationRole)
+        for queue in (self._connector, self.waiting):
+            for request in queue:
+                if destination:
+                    queued.append(request.prompt_len)
+                elif request.status is Status.PREEMPTED:
+                    queued.append(request.length)
+                else:
+                    fresh.append(request.prompt_len)
+        if isinstance(role, DestinationRole):
+            queued += [request.prompt_len for request in role.pending]
+            queued += sorted(request.prompt_len for request in role.in_transfer)
+        return ForwardPass(
+            wall_time_s=wall_time_s,
+            prefill_requests=len(prompts),
+            prefill_tokens=tokens,
+            prefill_length_var=population_var(prompts),
+            prefill_kv_tokens=before,
+            decode_requests=len(decodes),
+            decode_kv_tokens=sum(decodes),
+            decode_kv_var=population_var(decodes),
+            queued_prefill=len(fresh),
+            queued_prefill_tokens=sum(fresh),
+            queued_prefill_var=population_var(fresh),
+            queued_decode=len(queued),
+            queued_decode_kv_tokens=sum(queued),
+            queued_decode_var=population_var(queued),
+        )
+
+    def window_fpm(self, plan: DecodePlan, index: int, wall_time_s: float) -> ForwardPass:
+        """The FPM of pass ``index`` of a window planned by :meth:`plan_decode` and not yet
+        committed: every running request decodes, nothing waits."""
+        at = plan.first_step + index + 1
+        return self._forward_pass(
+            ([], 0, 0, [request.cohort_base + at for request in self._members]), wall_time_s
+        )
 
     def gauges(self) -> RankGauges:
         """See :class:`~servesim.engine.scheduler.RankScheduler`."""

@@ -23,12 +23,20 @@ sample in the middle of a pass shows the state before it), and the decode
 request-forwards and their tokens of the passes ended so far. A telemetry
 sample time splits a window (:meth:`split_at`), so that every pass end before
 it is published when it happens.
+
+**Forward-pass metrics.** With ``fpm`` on (a planner), each pass's metrics
+per rank (:class:`~servesim.engine.scheduler.ForwardPass`) are published at
+its end: a stepped pass's as its ranks measured them at its start, each
+with the group's pass time (an idle rank's: zeros and that time), a window's those of its last pass
+(whatever ended it: its plan, a cut, a split at a planner tick). A cut
+publishes the pass that ended before it too, as stepping would have at its
+end.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -38,7 +46,14 @@ from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.request import EngineRequest
 from servesim.engine.roles import DestinationRole, SourceRole
-from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankGauges, RankScheduler
+from servesim.engine.scheduler import (
+    CatchUp,
+    DecodePlan,
+    ForwardPass,
+    PassResult,
+    RankGauges,
+    RankScheduler,
+)
 from servesim.engine.sglang import SglangScheduler
 from servesim.engine.timing import make_timing
 from servesim.engine.vllm import VllmScheduler
@@ -85,6 +100,7 @@ class PassOutputs:
 class _Window:
     plans: list[tuple[RankScheduler, DecodePlan]]
     ends: np.ndarray  # end of each planned pass
+    start: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +121,7 @@ class Worker:
         "_cache_in_flight",
         "_carry",
         "_forwards_in_flight",
+        "_fpm_in_flight",
         "_outputs",
         "_removals",
         "_serial",
@@ -117,6 +134,9 @@ class Worker:
         "decode_forwards",
         "decode_tokens",
         "fast_forward",
+        "fpm_count",
+        "fpm_ms",
+        "fpms",
         "published",
         "ranks",
         "stalled",
@@ -133,6 +153,7 @@ class Worker:
         disk: DiskTier | None = None,
         shared_host: tuple[HostTier, int] | None = None,
         gauges: bool = False,
+        fpm: bool = False,
     ) -> None:
         self.worker_id = worker_id
         self.config = config
@@ -188,6 +209,16 @@ class Worker:
         # Passes left of a window split at a sample time: the next window plans no
         # more, so that windows end where they would without the split.
         self._carry: int | None = None
+        # Forward-pass metrics (see the module docstring): the latest published, per rank,
+        # when and how many times; those of the pass in flight. None: not measured.
+        self.fpms: list[ForwardPass] | None = None
+        self.fpm_ms = 0.0
+        self.fpm_count = 0
+        self._fpm_in_flight: list[ForwardPass] = []
+        if fpm:
+            for rank in self.ranks:
+                _vllm(rank).measure_fpm = True
+            self.fpms = [ForwardPass() for _ in self.ranks]
 
     @property
     def busy(self) -> bool:
@@ -298,17 +329,27 @@ class Worker:
                 self._take_catch_ups()
                 return end, []
         results = []
+        ran = []
         for rank in self.ranks:
             if rank.has_work():
                 result = rank.execute_pass(now)
                 if result.finished or result.preempted:
                     rank.role.capacity_changed()  # a slot or blocks freed: its reservations are due
                 results.append(result)
+                ran.append(rank)
         if not any(r.progressed for r in results):
             self.stalled = True
             return None
         self.busy_until = max(r.end_ms for r in results)
         self._outputs = _collect(results)
+        if self.fpms is not None:  # every rank reports the group's pass time
+            wall = (self.busy_until - now) / 1000.0
+            self._fpm_in_flight = [
+                replace(_vllm(rank).fpm, wall_time_s=wall)
+                if rank in ran
+                else ForwardPass(wall_time_s=wall)
+                for rank in self.ranks
+            ]
         if self.published is not None:
             self._forwards_in_flight = _decode_forwards(results)
             self._cache_in_flight = (
@@ -326,6 +367,10 @@ class Worker:
         for rank in self.ranks:
             rank.last_emit_ms = self.busy_until
             rank.complete_boundary(self.busy_until)
+        if self.fpms is not None:
+            self.fpms = self._fpm_in_flight
+            self.fpm_ms = self.busy_until
+            self.fpm_count += 1
         self.busy_until = None
         out, self._outputs = self._outputs, PassOutputs()
         if self.published is not None:
@@ -428,6 +473,12 @@ class Worker:
         out = self._outputs
         times = window.ends[:passes]
         end = float(times[-1])
+        if self.fpms is not None:
+            if ended:  # the last pass that ended before the cut published at its end
+                self.fpms = self._window_fpms(window, ended - 1)
+                self.fpm_ms = float(window.ends[ended - 1])
+                self.fpm_count += 1
+            self._fpm_in_flight = self._window_fpms(window, passes - 1)
         if self.published is not None:
             members = sum(plan.members for _, plan in window.plans)
             self.decode_forwards += members * ended
@@ -447,6 +498,16 @@ class Worker:
             return None
         self.busy_until = end
         return end
+
+    def _window_fpms(self, window: _Window, index: int) -> list[ForwardPass]:
+        """Each rank's forward-pass metrics of the window's pass ``index`` (an idle rank's:
+        zeros with the pass's time)."""
+        ends = window.ends
+        wall = (float(ends[index]) - (float(ends[index - 1]) if index else window.start)) / 1000.0
+        measured = {
+            id(rank): _vllm(rank).window_fpm(plan, index, wall) for rank, plan in window.plans
+        }
+        return [measured.get(id(rank), ForwardPass(wall_time_s=wall)) for rank in self.ranks]
 
     def _start_window(self, now: float, limit: int) -> float | None:
         # A rank whose reservation queue head is due tries it at the next pass end
@@ -469,7 +530,7 @@ class Worker:
         ends = durations.copy()
         ends[0] += now
         ends.cumsum(out=ends)  # the method: np.cumsum adds a Python wrapper per call
-        self._window = _Window(plans=plans, ends=ends)
+        self._window = _Window(plans=plans, ends=ends, start=now)
         self._serial += 1
         self._valid_passes = passes
         self._removals = [
@@ -480,6 +541,12 @@ class Worker:
         ]
         self.busy_until = float(ends[-1])
         return self.busy_until
+
+
+def _vllm(rank: RankScheduler) -> VllmScheduler:
+    """A rank that measures forward-pass metrics (only vLLM ranks do)."""
+    assert isinstance(rank, VllmScheduler)
+    return rank
 
 
 def _decode_forwards(results: list[PassResult]) -> tuple[int, int]:

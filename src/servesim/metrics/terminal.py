@@ -162,7 +162,9 @@ def _latency_table(summary: dict[str, Any]) -> Table:
     return table
 
 
-def _results(summary: dict[str, Any], run: dict[str, Any]) -> RenderableType:
+def _results(
+    summary: dict[str, Any], run: dict[str, Any], planner: dict[str, Any] | None
+) -> RenderableType:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -180,6 +182,8 @@ def _results(summary: dict[str, Any], run: dict[str, Any]) -> RenderableType:
     if "goodput_completed_requests" in s:
         grid.add_row("Goodput", _goodput_text(s, run))
     grid.add_row("GPU-hours", _gpu_text(s))
+    if planner is not None:
+        grid.add_row("Planner", _planner_text(planner))
     grid.add_row(
         "Prefix reuse",
         f"{_pct(s['prefix_cache_reused_ratio'], 1.0)} of input tokens served from cache "
@@ -240,6 +244,17 @@ def _gpu_text(s: dict[str, Any]) -> str:
     return f"{s['gpu_hours']:,.4f}" + (f" ({'; '.join(parts)})" if parts else "")
 
 
+def _planner_text(planner: dict[str, Any]) -> str:
+    meta = planner["metadata"]
+    events = planner["scaling_events"]
+    ups = sum(1 for e in events if e["reason"] == "scale_up")
+    return (
+        f"{meta.get('optimization_target', '?')} target ({meta['mode']}): "
+        f"{_count(planner['total_ticks'], 'tick')}, {_count(ups, 'scale-up')}, "
+        f"{_count(len(events) - ups, 'scale-down')}"
+    )
+
+
 def _warnings(summary: dict[str, Any], run: dict[str, Any]) -> list[Text]:
     out = []
     arrived = summary["num_requests"]
@@ -280,7 +295,7 @@ def renderables(document: dict[str, Any]) -> list[RenderableType]:
         _header(run, summary),
         Text(""),
         _latency_table(summary),
-        _results(summary, run),
+        _results(summary, run, document.get("planner")),
     ]
     parts += _warnings(summary, run)
     return parts
