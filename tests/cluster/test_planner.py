@@ -427,7 +427,7 @@ def test_bad_planner_input_exits_2_with_the_key(
 
 def test_planner_config_from_a_file(tmp_path: Path) -> None:
     path = tmp_path / "planner.json"
-    path.write_text(json.dumps({"mode": "agg", "max_gpu_budget": 3, "unknown_key": 1}))
+    path.write_text(json.dumps({"mode": "agg", "max_gpu_budget": 3, "namespace": "prod"}))
     code = main(["replay", "--input-tokens", "100", "--output-tokens", "5", "--request-count", "3", "--arrival-interval-ms", "10", "--arrival-interval-ms", "10",
                  "--planner-config", f"@{path}", "--report-json", str(tmp_path / "r.json"), "--quiet"])  # fmt: skip
     assert code == 0
@@ -505,3 +505,12 @@ def test_planner_gpu_hours_are_the_integral_of_worker_counts(
     assert report.summary["completed_requests"] == 400
     for r in report.records:
         assert state_at(transitions, r.worker, r.arrival_time_ms, 1) == "active"
+
+
+def test_an_unknown_planner_key_is_refused_with_the_closest_known_one() -> None:
+    """A typo must not leave a default silently in force; the reference's deployment keys pass."""
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'decode_scale_up_kv_rat'.*'decode_scale_up_kv_rate'"
+    ):
+        planner_config({"mode": "agg", "decode_scale_up_kv_rat": 0.5})
+    assert planner_config({"mode": "agg", "namespace": "prod"}) == planner_config({"mode": "agg"})

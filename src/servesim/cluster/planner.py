@@ -41,6 +41,7 @@ engine's ``startup_time``), cancels startups, or drains the highest ids.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -148,6 +149,78 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
+REFERENCE_KEYS = frozenset(
+    (
+        "advisory",
+        "aic_interpolation",
+        "ais_perf_model",
+        "backend",
+        "control_api_port",
+        "decode_engine_num_gpu",
+        "decode_min_endpoint",
+        "decode_scale_down_kv_rate",
+        "decode_scale_up_kv_rate",
+        "enable_load_scaling",
+        "enable_power_awareness",
+        "enable_throughput_scaling",
+        "environment",
+        "fpm_sample_bucket_size",
+        "global_planner_namespace",
+        "itl_ms",
+        "kalman_min_points",
+        "kalman_q_level",
+        "kalman_q_trend",
+        "kalman_r",
+        "live_dashboard_port",
+        "load_adjustment_interval_seconds",
+        "load_min_observations",
+        "load_predictor",
+        "load_predictor_log1p",
+        "load_predictor_warmup_trace",
+        "load_scaling_down_sensitivity",
+        "log_dir",
+        "max_gpu_budget",
+        "max_num_fpm_samples",
+        "max_throughput_scaling_replicas",
+        "metric_pulling_prometheus_ca_bundle",
+        "metric_pulling_prometheus_endpoint",
+        "metric_pulling_prometheus_extra_query_params",
+        "metric_pulling_prometheus_request_timeout_seconds",
+        "metric_pulling_prometheus_ssl_verify",
+        "metric_pulling_prometheus_token",
+        "metric_pulling_prometheus_token_file",
+        "metric_reporting_prometheus_port",
+        "min_endpoint",
+        "min_gpu_budget",
+        "mode",
+        "model_name",
+        "namespace",
+        "optimization_target",
+        "plugin_registration",
+        "pre_deployment_sweeping_mode",
+        "prefill_engine_num_gpu",
+        "prefill_min_endpoint",
+        "prefill_scale_down_queue_tokens",
+        "prefill_scale_up_queue_tokens",
+        "profile_results_dir",
+        "prophet_window_size",
+        "report_filename",
+        "report_interval_hours",
+        "report_output_dir",
+        "report_write_gzip_log",
+        "scheduling",
+        "speculative_nextn",
+        "throughput_adjustment_interval_seconds",
+        "throughput_metrics_source",
+        "total_gpu_power_limit",
+        "ttft_ms",
+    )
+)
+"""Every key of the reference's ``PlannerConfig`` (Dynamo 1.6.1). Those servesim does not
+model (deployment settings: ports, Prometheus, log and report paths, ...) are accepted and
+have no effect; a key in neither set is an error (a typo must not pass silently)."""
+
+
 def parse_planner_config(text: str) -> PlannerConfig:
     """A planner config from ``--planner-config``: inline JSON, or ``@FILE`` holding JSON.
 
@@ -174,12 +247,17 @@ def parse_planner_config(text: str) -> PlannerConfig:
 
 
 def planner_config(raw: Mapping[str, Any]) -> PlannerConfig:
-    """Validate a mapping of planner keys (unknown keys are ignored, as the reference does).
+    """Validate a mapping of planner keys (see :data:`REFERENCE_KEYS` for those ignored).
 
     Raises:
-        ConfigError: a bad value, named by its key.
+        ConfigError: an unknown key or a bad value, named by its key.
     """
     known = {f.name for f in fields(PlannerConfig)}
+    for key in raw:
+        if key not in known and key not in REFERENCE_KEYS:
+            close = difflib.get_close_matches(key, sorted(known | REFERENCE_KEYS), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"planner config: unknown key '{key}'{hint}")
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in known or value is None:
