@@ -17,6 +17,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -219,7 +220,7 @@ def build_parser() -> _Parser:
     keys.set_defaults(command_parser=keys)
     report.set_defaults(command_parser=report)
     timing.set_defaults(command_parser=timing)
-    _add_replay_arguments(p)
+    add_replay_arguments(p)
     _add_trace_commands(sub)
     return parser
 
@@ -313,8 +314,17 @@ def _add_trace_reading(
     )
 
 
-def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
+def add_replay_arguments(p: argparse.ArgumentParser) -> None:
+    """The replay's flags (``servesim replay`` and the settings of :mod:`servesim.settings`)."""
     w = p.add_argument_group("workload")
+    w.add_argument(
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help="replay the configuration a report recorded (its provenance section), or a "
+        "settings object (JSON or YAML; docs/capacity-planning.md); no other workload, "
+        "cluster, engine or router flag with it",
+    )
     w.add_argument(
         "trace_files",
         nargs="*",
@@ -1023,7 +1033,10 @@ def _main(argv: Sequence[str] | None) -> int:
         ):
             if path is not None:
                 check_writable(path, flag)
-        config = config_from_args(args, command_parser)
+        if args.config is not None:
+            config = _config_from_record(args, command_parser)
+        else:
+            config = config_from_args(args, command_parser)
         _warn_if_large(config)
         bar = _ProgressBar() if not args.quiet and sys.stderr.isatty() else None
         try:
@@ -1048,6 +1061,46 @@ def _main(argv: Sequence[str] | None) -> int:
             if path is not None:
                 print(f"Saved {what} to: {path}")
     return 0
+
+
+def _config_from_record(args: argparse.Namespace, parser: _Parser) -> RunConfig:
+    """``replay --config FILE``: the run a report's provenance (or a settings object)
+    describes, refusing a trace whose contents changed since it was recorded."""
+    from servesim.provenance import file_digest
+    from servesim.settings import OUTPUT_DESTS, config_from_settings, record_settings
+
+    given = [
+        action.option_strings[0] if action.option_strings else "TRACE"
+        for action in parser._actions
+        if action.dest not in OUTPUT_DESTS
+        and action.dest not in ("command_parser", "trace_files")
+        and getattr(args, action.dest, None) != action.default
+    ]
+    if args.trace_files:
+        given.append("TRACE")
+    if given:
+        parser.error(
+            f"--config replays the recorded configuration; drop {', '.join(sorted(set(given)))} "
+            "(or edit the file)"
+        )
+    source = f"--config {args.config}"
+    settings, inputs = record_settings(args.config)
+    config = config_from_settings(settings, source=source)
+    for recorded in inputs:
+        path = Path(recorded["name"])
+        if recorded.get("sha256") is None or recorded["name"] == "<stdin>":
+            continue
+        try:
+            now = file_digest(path)
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read {path}: {exc.strerror}") from None
+        if now["sha256"] != recorded["sha256"]:
+            raise ConfigError(
+                f"{source}: {path} has changed since the report was made (SHA-256 "
+                f"{now['sha256'][:12]}..., {now['size_bytes']:,} bytes; recorded "
+                f"{recorded['sha256'][:12]}..., {recorded['size_bytes']:,} bytes)"
+            )
+    return replace(config, keep_records=args.per_request_jsonl is not None)
 
 
 def _print(document: dict[str, Any]) -> None:

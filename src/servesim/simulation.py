@@ -35,6 +35,7 @@ from servesim.metrics.stats import describe
 from servesim.metrics.summary import Cost, Sla, summarize
 from servesim.metrics.telemetry import Telemetry, TrafficWindow
 from servesim.metrics.terminal import render_text
+from servesim.provenance import input_files, provenance
 from servesim.router.affinity import MODES as AFFINITY_MODES
 from servesim.router.affinity import SessionAffinity
 from servesim.router.indexer import KvIndexer
@@ -464,6 +465,7 @@ def _replay_with(
         assert config.execution_model is not None
         summary.update(_trajectory_summary(admission, config.execution_model))
     sections: dict[str, Any] = {"telemetry": telemetry.section()} if telemetry is not None else {}
+    sections["provenance"] = provenance(config, version=_version(), inputs=input_files(config))
     if scaling is not None:
         sections["lifecycle_transitions"] = [
             {
