@@ -1,0 +1,89 @@
+"""Sweep points as Ray tasks (the ``ray`` extra): on a running cluster, or on a local
+instance started for the sweep. Each trace file goes into the object store once; a
+task writes it to its node's temporary directory (once per node) and replays that
+copy, with the same code as a local run (:func:`servesim.sweep.run_task`), so the
+results are the same."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from servesim.errors import ConfigError
+from servesim.sweep import Outcome, Runner, Task, run_task
+
+INSTALL_HINT = "pip install 'servesim[ray]'"
+
+
+def _local_copy(name: str, data: bytes) -> str:
+    """``data`` (the trace recorded as ``name``) in this node's temporary directory."""
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    directory = Path(tempfile.gettempdir()) / f"servesim-ray-{digest}"
+    path = directory / Path(name).name
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def _ray_task(task: Task, names: list[str], *traces: bytes) -> Outcome:
+    local = {name: _local_copy(name, data) for name, data in zip(names, traces, strict=True)}
+    return run_task(task, local)
+
+
+def ray_runner(address: str | None, *, cpus: int) -> Runner:
+    """A runner of tasks on the Ray cluster at ``address`` (None: a local instance with
+    ``cpus`` CPUs, shut down afterwards).
+
+    Raises:
+        ConfigError: Ray is not installed, or the cluster cannot be reached.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(f"--ray needs Ray, which is not installed: {INSTALL_HINT}") from None
+
+    def execute(tasks: Sequence[Task], done: Callable[[Outcome], None]) -> None:
+        started_here = not ray.is_initialized()
+        if started_here:
+            options: dict[str, Any] = {
+                "include_dashboard": False,
+                "log_to_driver": False,
+                "logging_level": "ERROR",
+                "configure_logging": False,
+            }
+            try:
+                if address is None:
+                    ray.init(num_cpus=cpus, **options)
+                else:
+                    ray.init(address=address, **options)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = (
+                    "start a local Ray instance" if address is None else f"reach Ray at {address}"
+                )
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ConfigError(f"--ray: cannot {where}: {first}") from None
+        try:
+            remote = ray.remote(num_cpus=1)(_ray_task)
+            names = sorted({p for t in tasks for p in t.settings.get("trace") or []})
+            with_files = []
+            for name in names:
+                with open(name, "rb") as handle:
+                    with_files.append(ray.put(handle.read()))
+            pending = [remote.remote(t, names, *with_files) for t in tasks]
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                for ref in ready:
+                    done(ray.get(ref))
+        finally:
+            if started_here:
+                ray.shutdown()
+
+    return execute
