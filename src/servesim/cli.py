@@ -222,7 +222,76 @@ def build_parser() -> _Parser:
     timing.set_defaults(command_parser=timing)
     add_replay_arguments(p)
     _add_trace_commands(sub)
+    _add_planning_commands(sub)
     return parser
+
+
+_SWEEP_EXAMPLES = """\
+examples:
+  servesim sweep examples/sweep.yaml
+  servesim sweep examples/sweep.yaml --jobs 2 --out results/
+  servesim sweep examples/sweep.yaml --ray                 # a local Ray instance
+  servesim sweep examples/sweep.yaml --ray 10.0.0.5:6379   # an existing Ray cluster
+
+docs/capacity-planning.md describes sweep files.
+"""
+
+_SEARCH_EXAMPLES = """\
+examples:
+  servesim search examples/search.yaml
+  servesim search examples/search.yaml --jobs 2 --json search.json
+
+docs/capacity-planning.md describes search files.
+"""
+
+
+def _add_planning_commands(sub: Any) -> None:
+    sweep = sub.add_parser(
+        "sweep",
+        help="replay every point of a sweep file (in parallel, resumable); write a table",
+        description="Replay every point of a sweep file (YAML or JSON) on local processes or\n"
+        "Ray, and write one row per point to results.csv and results.parquet. A rerun\n"
+        "skips the points already done (results.jsonl in the output directory).",
+        epilog=_SWEEP_EXAMPLES,
+    )
+    search = sub.add_parser(
+        "search",
+        help="find the deployment with the fewest GPUs that meets an SLA",
+        description="Find, over a search file's space (aggregated worker counts, P/D splits,\n"
+        "routers, TP/DP), the deployment with the fewest GPUs (or GPU-hours) whose\n"
+        "replay meets the SLA percentiles and goodput target, bisecting on worker counts.",
+        epilog=_SEARCH_EXAMPLES,
+    )
+    for p, what in ((sweep, "sweep"), (search, "search")):
+        p.set_defaults(command_parser=p)
+        p.add_argument("spec", type=Path, metavar="SPEC", help=f"the {what} file (YAML or JSON)")
+        p.add_argument(
+            "--jobs",
+            metavar="N",
+            type=_positive_int,
+            help=f"local worker processes (default: the cores, {os.cpu_count() or 1})",
+        )
+        p.add_argument(
+            "--ray",
+            metavar="ADDRESS",
+            nargs="?",
+            const=True,
+            help="run the points as Ray tasks: on the cluster at ADDRESS, or without one on a "
+            "local Ray instance (needs servesim[ray])",
+        )
+        p.add_argument("--quiet", action="store_true", help="print no progress and no table")
+    sweep.add_argument(
+        "--out",
+        metavar="DIR",
+        type=Path,
+        help="results directory (default: the file's 'output', or SPEC's name + .sweep)",
+    )
+    sweep.add_argument(
+        "--retry-failed", action="store_true", help="run again the points recorded as failed"
+    )
+    search.add_argument(
+        "--json", metavar="PATH", type=Path, help="write the search result (every point) as JSON"
+    )
 
 
 _TRACE_EXAMPLES = """\
@@ -1015,6 +1084,17 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "timing":
         print(render_timing_list())
         return 0
+    if args.command in ("sweep", "search"):
+        try:
+            if args.command == "sweep":
+                return _sweep_command(args)
+            return _search_command(args)
+        except ServesimError as exc:
+            print(f"servesim: error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        except OSError as exc:
+            print(f"servesim: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+            return 2
     # As the reference: an existing directory gets the report inside it.
     if args.report_json is not None and args.report_json.is_dir():
         args.report_json = args.report_json / "servesim_report.json"
@@ -1060,6 +1140,106 @@ def _main(argv: Sequence[str] | None) -> int:
         for path, what in ((args.report_json, "full report"), (args.html, "HTML report")):
             if path is not None:
                 print(f"Saved {what} to: {path}")
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+def _sweep_command(args: argparse.Namespace) -> int:
+    """``servesim sweep SPEC``: progress a line per point on stderr, then where the table is."""
+    from servesim.sweep import SweepProgress, load_spec, sweep
+
+    spec = load_spec(args.spec, output=args.out)
+    axis_keys = spec.axis_keys
+
+    def show(p: SweepProgress) -> None:
+        last = p.last or {}
+        values = " ".join(f"{k}={last.get(k)}" for k in axis_keys)
+        eta = "" if p.eta_s is None or p.done == p.total else f" · ETA {_duration(p.eta_s)}"
+        status = last.get("status")
+        if status == "failed":
+            status = f"FAILED: {last.get('error')}"
+        print(
+            f"[{p.done:>{len(str(p.total))}}/{p.total}] point {last.get('point')} {status}"
+            f"{eta} · {values}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    result = sweep(
+        spec,
+        jobs=args.jobs,
+        ray=args.ray,
+        retry_failed=args.retry_failed,
+        progress=None if args.quiet else show,
+    )
+    if not args.quiet:
+        print(
+            f"{len(result.table)} points: {result.ran} run now, {result.skipped} done before, "
+            f"{result.failed} failed"
+        )
+        for path in result.files:
+            print(f"Saved table to: {path}")
+    if result.failed:
+        print(
+            f"servesim: {result.failed} point(s) failed; their errors are in the table's "
+            "'error' column",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _search_command(args: argparse.Namespace) -> int:
+    """``servesim search SPEC``: the winner, the next smaller deployment of its kind,
+    the runners-up and the Pareto frontier."""
+    from servesim.search import Candidate, describe, load_search, search
+
+    spec = load_search(args.spec)
+
+    def show(c: Candidate) -> None:
+        verdict = "meets" if c.feasible else "misses"
+        print(f"  tried {describe(c)}: {verdict}", file=sys.stderr, flush=True)
+
+    result = search(spec, jobs=args.jobs, ray=args.ray, progress=None if args.quiet else show)
+    if args.json is not None:
+        check_writable(args.json, "--json")
+        write_lines(args.json, [result.to_json()])
+    if args.quiet:
+        return 0
+    assert result.winner is not None
+    wanted = " and ".join(str(t) for t in result.targets)
+    if result.min_goodput is not None:
+        wanted += f", goodput >= {result.min_goodput:g}"
+    print(f"Targets: {wanted}; objective: fewest {result.objective.replace('_', '-')}")
+    print(f"{len(result.evaluated)} deployments replayed")
+    print(f"\nWinner: {describe(result.winner)}, {result.winner.gpu_hours or 0:.3f} GPU-hours")
+    if result.next_smaller is not None:
+        print(f"One step smaller misses: {describe(result.next_smaller)}")
+    if result.runners_up:
+        print("\nRunners-up (the fewest of each other kind that meets the targets):")
+        for c in result.runners_up:
+            print(f"  {describe(c)}, {c.gpu_hours or 0:.3f} GPU-hours")
+    if result.frontier:
+        key = next(iter(result.frontier[0].metrics))
+        print(f"\nPareto frontier (output tokens/s per GPU vs {key}):")
+        for c in result.frontier:
+            mark = "meets" if c.feasible else "misses"
+            print(
+                f"  {c.throughput_per_gpu or 0:>9.1f} tok/s/GPU  {key} {c.metrics[key]:>9.1f}  "
+                f"{c.label} ({c.gpus} GPUs, {mark})"
+            )
+    if args.json is not None:
+        print(f"\nSaved search result to: {args.json}")
     return 0
 
 

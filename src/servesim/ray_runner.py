@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,6 +39,35 @@ def _ray_task(task: Task, names: list[str], *traces: bytes) -> Outcome:
     return run_task(task, local)
 
 
+PROBE_SECONDS = 5.0
+"""How long to wait for a cluster's address to answer before giving up."""
+
+
+def check_reachable(address: str) -> None:
+    """Refuse at once an address nothing answers at (Ray itself retries for minutes).
+
+    ``host:port`` and ``ray://host:port`` are probed with a TCP connection; other forms
+    (``auto``) are left to Ray.
+
+    Raises:
+        ConfigError: naming the address and why it cannot be reached.
+    """
+    target = address.removeprefix("ray://")
+    host, colon, port = target.rpartition(":")
+    if not colon or not port.isdigit() or not host:
+        if address != "auto":
+            raise ConfigError(
+                f"--ray: expected a cluster address HOST:PORT, ray://HOST:PORT or auto, got {address!r}"
+            )
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise ConfigError(f"--ray: cannot reach a Ray cluster at {address}: {reason}") from None
+
+
 def ray_runner(address: str | None, *, cpus: int) -> Runner:
     """A runner of tasks on the Ray cluster at ``address`` (None: a local instance with
     ``cpus`` CPUs, shut down afterwards).
@@ -63,6 +93,7 @@ def ray_runner(address: str | None, *, cpus: int) -> Runner:
                 if address is None:
                     ray.init(num_cpus=cpus, **options)
                 else:
+                    check_reachable(address)
                     ray.init(address=address, **options)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = (

@@ -131,9 +131,9 @@ def parse_spec(document: Any, *, source: str, base_dir: Path, default_output: Pa
     _known(document, _SPEC_KEYS, source, "")
     base: dict[str, Any] = {}
     for section in ("workload", "fixed"):
-        base = _merge(base, _settings(document.get(section, {}), source, section))
+        base = merge_settings(base, settings_section(document.get(section, {}), source, section))
     if "trace" in base:
-        base["trace"] = _relative_traces(base["trace"], base_dir, f"{source}: trace")
+        base["trace"] = relative_traces(base["trace"], base_dir, f"{source}: trace")
     if ("axes" in document) == ("grids" in document):
         raise ConfigError(f"{source}: give 'axes' (one grid) or 'grids' (a list of them)")
     raw_grids = document["grids"] if "grids" in document else [{"axes": document["axes"]}]
@@ -145,9 +145,9 @@ def parse_spec(document: Any, *, source: str, base_dir: Path, default_output: Pa
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: {where}: expected an object with fixed and axes")
         _known(raw, _GRID_KEYS, source, where)
-        fixed = _settings(raw.get("fixed", {}), source, _join(where, "fixed"))
+        fixed = settings_section(raw.get("fixed", {}), source, _join(where, "fixed"))
         if "trace" in fixed:
-            fixed["trace"] = _relative_traces(fixed["trace"], base_dir, f"{source}: trace")
+            fixed["trace"] = relative_traces(fixed["trace"], base_dir, f"{source}: trace")
         grids.append(Grid(fixed, _axes(raw.get("axes"), source, _join(where, "axes"), base_dir)))
     out_dir = default_output
     if "output" in document:
@@ -183,7 +183,7 @@ def _known(raw: Mapping[str, Any], allowed: Sequence[str], source: str, where: s
             )
 
 
-def _settings(raw: Any, source: str, where: str) -> dict[str, Any]:
+def settings_section(raw: Any, source: str, where: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: {where}: expected an object of settings, got {raw!r}")
     out: dict[str, Any] = {}
@@ -193,17 +193,17 @@ def _settings(raw: Any, source: str, where: str) -> dict[str, Any]:
     return out
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def merge_settings(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out = dict(a)
     for key, value in b.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_settings(out[key], value)
         else:
             out[key] = value
     return out
 
 
-def _relative_traces(trace: Any, base_dir: Path, where: str) -> Any:
+def relative_traces(trace: Any, base_dir: Path, where: str) -> Any:
     """Trace paths in a file are relative to the file's directory."""
     paths = trace if isinstance(trace, list) else [trace]
     if not all(isinstance(p, str) and p for p in paths):
@@ -233,7 +233,7 @@ def _axes(raw: Any, source: str, where: str, base_dir: Path) -> tuple[Axis, ...]
             columns = {}
             for key, values in members.items():
                 check_key(str(key), where=f"{source}: {place}.zip")
-                columns[str(key)] = _values(values, source, f"{place}.zip.{key}")
+                columns[str(key)] = axis_values(values, source, f"{place}.zip.{key}")
             lengths = {key: len(v) for key, v in columns.items()}
             if len(set(lengths.values())) != 1:
                 shown = ", ".join(f"{k} has {n}" for k, n in lengths.items())
@@ -245,18 +245,18 @@ def _axes(raw: Any, source: str, where: str, base_dir: Path) -> tuple[Axis, ...]
         else:
             check_key(str(label), where=f"{source}: {where}")
             keys = (str(label),)
-            steps = tuple((v,) for v in _values(spec, source, place))
+            steps = tuple((v,) for v in axis_values(spec, source, place))
         if "trace" in keys:
             i = keys.index("trace")
             steps = tuple(
-                (*s[:i], _relative_traces(s[i], base_dir, f"{source}: {place}"), *s[i + 1 :])
+                (*s[:i], relative_traces(s[i], base_dir, f"{source}: {place}"), *s[i + 1 :])
                 for s in steps
             )
         axes.append(Axis(str(label), keys, steps))
     return tuple(axes)
 
 
-def _values(spec: Any, source: str, place: str) -> list[Any]:
+def axis_values(spec: Any, source: str, place: str) -> list[Any]:
     """An axis's values: a non-empty list, or an inclusive range ``{from, to, step}``."""
     if isinstance(spec, list):
         if not spec:
@@ -531,7 +531,7 @@ def table_of(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 @dataclass(frozen=True, slots=True)
-class Progress:
+class SweepProgress:
     """Where a sweep is: points ``done`` (this run and before) of ``total``, ``failed``,
     ``ran`` this run, and the estimated seconds left (None until a point ends)."""
 
@@ -563,7 +563,7 @@ def sweep(
     ray: str | bool | None = None,
     output: str | os.PathLike[str] | None = None,
     retry_failed: bool = False,
-    progress: Callable[[Progress], None] | None = None,
+    progress: Callable[[SweepProgress], None] | None = None,
 ) -> SweepResult:
     """Run every point of a sweep not already done, then write its table.
 
@@ -629,7 +629,7 @@ def sweep(
                 left = len(runnable) - ran
                 failed = sum(1 for i in items if records.get(i.key, {}).get("error"))
                 progress(
-                    Progress(
+                    SweepProgress(
                         done=done_before + ran,
                         total=total,
                         failed=failed,
