@@ -595,20 +595,13 @@ def sweep(
         i for i in items if i.key not in records or (retry_failed and records[i.key].get("error"))
     ]
     skipped = len(items) - len(todo)
-    for item in todo:  # invalid settings: recorded without running
-        if item.config is None:
-            records[item.key] = {"key": item.key, "error": item.error, "summary": None}
-    runnable = [i for i in todo if i.config is not None]
     spec.output.mkdir(parents=True, exist_ok=True)
-    by_index = {i.point.index: i for i in runnable}
+    by_index = {i.point.index: i for i in todo}
     started = time.monotonic()
     ran = 0
     total = len(items)
+    done_before = len(items) - len(todo)
     with log.open("a", encoding="utf-8") as handle:
-        for item in todo:
-            if item.config is None:
-                _append(handle, records[item.key] | {"servesim_version": __version__})
-        done_before = len(items) - len(runnable)
 
         def finished(outcome: Outcome) -> None:
             nonlocal ran
@@ -626,7 +619,7 @@ def sweep(
             ran += 1
             if progress is not None:
                 elapsed = time.monotonic() - started
-                left = len(runnable) - ran
+                left = len(todo) - ran
                 failed = sum(1 for i in items if records.get(i.key, {}).get("error"))
                 progress(
                     SweepProgress(
@@ -639,7 +632,10 @@ def sweep(
                     )
                 )
 
-        tasks = [Task(i.point.index, i.settings) for i in runnable]
+        for item in todo:  # invalid settings: recorded without running
+            if item.config is None:
+                finished(Outcome(item.point.index, None, item.error, 0.0))
+        tasks = [Task(i.point.index, i.settings) for i in todo if i.config is not None]
         if ray is not None and ray is not False:
             from servesim.ray_runner import ray_runner
 
