@@ -55,7 +55,7 @@ _METRICS = {
     "e2e_latency": "e2e_latency_ms",
 }
 _STATS = ("mean", "median", "p50", "p75", "p90", "p95", "p99", "max")
-_TARGET = re.compile(r"^(?P<stat>[a-z0-9]+)_(?P<metric>[a-z_]+?)(?:_ms)?$")
+_TARGET = re.compile(r"^(?P<stat>[a-z0-9]+)_(?P<metric>[a-z0-9_]+?)(?:_ms)?$")
 _SLA_BOUND = {"ttft_ms": "sla_ttft_ms", "itl_ms": "sla_itl_ms", "e2e_latency_ms": "sla_e2e_ms"}
 OBJECTIVES = ("gpus", "gpu_hours")
 
@@ -88,6 +88,10 @@ def parse_target(name: str, value: Any, *, source: str) -> Target:
     stats = ", ".join(_STATS)
     match = _TARGET.match(name)
     metric = match["metric"] if match else name.removesuffix("_ms")
+    if match is not None and re.fullmatch(r"p\d+", match["stat"]) and match["stat"] not in _STATS:
+        raise ConfigError(
+            f"{source}: sla.{name}: the summary has no {match['stat']} (statistics: {stats})"
+        )
     if match is None or match["stat"] not in _STATS:
         bare = name.removesuffix("_ms")
         if bare in _METRICS or metric in _METRICS:
