@@ -19,6 +19,7 @@ from servesim.search import (
     NoFeasibleConfiguration,
     Target,
     minimal_feasible,
+    load_search,
     parse_search,
     parse_target,
     search,
@@ -113,17 +114,8 @@ def _spec(space: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def found() -> Any:
-    spec = parse_search(
-        _spec(
-            {
-                "workers": {"from": 1, "to": 8},
-                "routers": ["round_robin", "kv_router"],
-                "pd_splits": ["1:1"],
-            }
-        ),
-        source="search.yaml",
-        base_dir=REPO,
-    )
+    """The worked example of docs/capacity-planning.md."""
+    spec = load_search(REPO / "examples" / "search.yaml")
     return spec, search(spec, jobs=2)
 
 

@@ -317,5 +317,6 @@ def test_an_unreachable_ray_address_exits_2_at_once(
     assert code == 2
     assert err.startswith("servesim: error: --ray: cannot reach a Ray cluster at 127.0.0.1:1")
     assert time.monotonic() - started < 30
+    assert not (tmp_path / "sweep.sweep").exists()  # refused before any output
     code, _, err = _cli(capsys, "sweep", str(path), "--ray", "nonsense")
     assert code == 2 and "expected a cluster address HOST:PORT" in err

@@ -4,7 +4,9 @@ The API in one breath: build a :class:`RunConfig` (a trace path, str or
 Path, or a :class:`SyntheticWorkload`; the cluster; engine and router
 configs), :func:`run` it, and read the :class:`Report` (``summary``,
 ``records``, ``to_json()``, ``table()``, ``to_html()``, ``save()``).
-``docs/api.md`` has examples.
+``docs/api.md`` has examples. :func:`sweep` replays every point of a sweep
+file and :func:`search` finds the cheapest deployment that meets an SLA
+(``docs/capacity-planning.md``).
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -24,7 +26,9 @@ from servesim.config import (
 from servesim.errors import ConfigError, ReportError, ServesimError, SimulationError, TraceError
 from servesim.metrics.collector import RequestRecord, Terminal
 from servesim.metrics.summary import Sla
+from servesim.search import Candidate, NoFeasibleConfiguration, SearchResult, search
 from servesim.simulation import Report, RunConfig, SyntheticWorkload, run
+from servesim.sweep import SweepResult, Table, sweep
 
 try:
     __version__ = version("servesim")
@@ -33,21 +37,26 @@ except PackageNotFoundError:  # a source tree on sys.path that was never install
 
 __all__ = [
     "Backend",
+    "Candidate",
     "ConfigError",
     "DiskOffloadConfig",
     "EngineConfig",
     "HostOffloadConfig",
+    "NoFeasibleConfiguration",
     "Report",
     "ReportError",
     "RequestRecord",
     "Role",
     "RouterConfig",
     "RunConfig",
+    "SearchResult",
     "ServesimError",
     "SglangConfig",
     "SimulationError",
     "Sla",
+    "SweepResult",
     "SyntheticWorkload",
+    "Table",
     "Terminal",
     "TimingModelConfig",
     "TraceError",
@@ -55,4 +64,6 @@ __all__ = [
     "parse_engine_args",
     "parse_router_config",
     "run",
+    "search",
+    "sweep",
 ]

@@ -79,6 +79,8 @@ def ray_runner(address: str | None, *, cpus: int) -> Runner:
         import ray
     except ImportError:
         raise ConfigError(f"--ray needs Ray, which is not installed: {INSTALL_HINT}") from None
+    if address is not None and not ray.is_initialized():
+        check_reachable(address)
 
     def execute(tasks: Sequence[Task], done: Callable[[Outcome], None]) -> None:
         started_here = not ray.is_initialized()
@@ -93,7 +95,6 @@ def ray_runner(address: str | None, *, cpus: int) -> Runner:
                 if address is None:
                     ray.init(num_cpus=cpus, **options)
                 else:
-                    check_reachable(address)
                     ray.init(address=address, **options)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = (

@@ -24,6 +24,7 @@ import io
 import json
 import math
 import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -335,25 +336,37 @@ Runner = Callable[[Sequence[Task], Callable[[Outcome], None]], None]
 """Runs tasks, calling back with each outcome as it ends (in any order)."""
 
 
+def _ignore_interrupts() -> None:
+    """A worker process leaves Ctrl-C to the sweep, which stops it (no traceback each)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def local_runner(jobs: int) -> Runner:
-    """Tasks in this process (``jobs`` 1) or in ``jobs`` worker processes."""
+    """Tasks in this process (``jobs`` 1) or in up to ``jobs`` worker processes."""
 
     def execute(tasks: Sequence[Task], done: Callable[[Outcome], None]) -> None:
         if jobs == 1 or len(tasks) <= 1:
             for task in tasks:
                 done(run_task(task))
             return
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        pool = ProcessPoolExecutor(
+            max_workers=min(jobs, len(tasks)),
+            mp_context=get_context("spawn"),
+            initializer=_ignore_interrupts,
+        )
+        try:
             pending: set[Future[Outcome]] = {pool.submit(run_task, t) for t in tasks}
-            try:
-                while pending:
-                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in sorted(finished, key=lambda f: f.result().index):
-                        done(future.result())
-            except BaseException:
-                for future in pending:
-                    future.cancel()
-                raise
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in sorted(finished, key=lambda f: f.result().index):
+                    done(future.result())
+        except BaseException:
+            # Interrupted (or the callback failed): stop the points still running.
+            for process in list(pool._processes.values()):
+                process.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown()
 
     return execute
 
@@ -588,6 +601,12 @@ def sweep(
     workers = jobs or os.cpu_count() or 1
     if workers < 1:
         raise ConfigError(f"--jobs must be at least 1, got {workers}")
+    if ray is not None and ray is not False:
+        from servesim.ray_runner import ray_runner
+
+        runner = ray_runner(None if ray is True else str(ray), cpus=workers)
+    else:
+        runner = local_runner(workers)
     items = resolve(spec.points(), version=__version__)
     log = spec.output / "results.jsonl"
     records = _read_log(log)
@@ -636,13 +655,7 @@ def sweep(
             if item.config is None:
                 finished(Outcome(item.point.index, None, item.error, 0.0))
         tasks = [Task(i.point.index, i.settings) for i in todo if i.config is not None]
-        if ray is not None and ray is not False:
-            from servesim.ray_runner import ray_runner
-
-            address = None if ray is True else str(ray)
-            ray_runner(address, cpus=workers)(tasks, finished)
-        else:
-            local_runner(workers)(tasks, finished)
+        runner(tasks, finished)
     rows = [row(i, records[i.key], spec.axis_keys) for i in items]
     table = table_of(rows)
     csv_path, parquet_path = spec.output / "results.csv", spec.output / "results.parquet"
