@@ -18,8 +18,8 @@ from servesim.errors import ConfigError
 from servesim.search import (
     NoFeasibleConfiguration,
     Target,
-    minimal_feasible,
     load_search,
+    minimal_feasible,
     parse_search,
     parse_target,
     search,
