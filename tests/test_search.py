@@ -246,3 +246,22 @@ def test_bad_search_files_exit_2(
     assert code == 2 and out == ""
     assert err.startswith(f"servesim: error: {path}: ") and expected in err
     assert len(err.splitlines()) == 1
+
+
+def test_each_shape_takes_the_engine_keys_and_drops_the_other_shapes_settings() -> None:
+    from servesim.search import Family
+
+    base = {
+        "trace": str(SAMPLE),
+        "num_workers": 3,
+        "engine": {"max_num_seqs": 64},
+        "decode_engine": {"max_num_batched_tokens": 4096},
+    }
+    aggregated = config_from_settings(Family("kv_router", None, 2, 1).settings(base, 4), source="t")
+    assert aggregated.num_workers == 4 and not aggregated.disaggregated
+    assert aggregated.engine.max_num_seqs == 64 and aggregated.engine.tensor_parallel_size == 2
+    split = config_from_settings(Family("round_robin", (1, 3), 1, 2).settings(base, 2), source="t")
+    assert (split.num_prefill_workers, split.num_decode_workers) == (2, 6)
+    assert split.prefill_engine is not None and split.decode_engine is not None
+    assert split.prefill_engine.max_num_seqs == 64 and split.prefill_engine.dp_size == 2
+    assert split.decode_engine.max_num_batched_tokens == 4096

@@ -1154,6 +1154,37 @@ def _duration(seconds: float) -> str:
     return f"{hours}h {minutes:02d}m"
 
 
+_SWEEP_SHOWN = (
+    "gpus",
+    "p99_ttft_ms",
+    "p99_itl_ms",
+    "output_throughput_tok_s",
+    "gpu_hours",
+    "sla_attainment",
+    "status",
+)
+
+
+def render_sweep_table(table: Any, axis_keys: Sequence[str]) -> str:
+    """A sweep's key columns as aligned text: each point's axis values, GPUs, p99 TTFT and
+    ITL, output throughput, GPU-hours, SLA attainment and status (the files have all)."""
+    columns = [c for c in ("point", *axis_keys, *_SWEEP_SHOWN) if c in table.columns]
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+        return str(value)
+
+    rows = [columns, *([cell(r.get(c)) for c in columns] for r in table)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(text.rjust(width) for text, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
 def _sweep_command(args: argparse.Namespace) -> int:
     """``servesim sweep SPEC``: progress a line per point on stderr, then where the table is."""
     from servesim.sweep import SweepProgress, load_spec, sweep
@@ -1183,8 +1214,9 @@ def _sweep_command(args: argparse.Namespace) -> int:
         progress=None if args.quiet else show,
     )
     if not args.quiet:
+        print(render_sweep_table(result.table, axis_keys))
         print(
-            f"{len(result.table)} points: {result.ran} run now, {result.skipped} done before, "
+            f"\n{len(result.table)} points: {result.ran} run now, {result.skipped} done before, "
             f"{result.failed} failed"
         )
         for path in result.files:

@@ -142,10 +142,18 @@ class Family:
         s["router_mode"] = self.router
         engine = s.pop("engine", None) or {}
         if self.split is None:
+            for key in (
+                "num_prefill_workers",
+                "num_decode_workers",
+                "prefill_engine",
+                "decode_engine",
+            ):
+                s.pop(key, None)  # the P/D families' settings
             s["num_workers"] = count
             pools = ["engine"]
             s["engine"] = engine
         else:
+            s.pop("num_workers", None)
             s["num_prefill_workers"] = count * self.split[0]
             s["num_decode_workers"] = count * self.split[1]
             pools = ["prefill_engine", "decode_engine"]
