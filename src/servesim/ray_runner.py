@@ -10,7 +10,8 @@ import hashlib
 import os
 import socket
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,54 +69,67 @@ def check_reachable(address: str) -> None:
         raise ConfigError(f"--ray: cannot reach a Ray cluster at {address}: {reason}") from None
 
 
-def ray_runner(address: str | None, *, cpus: int) -> Runner:
-    """A runner of tasks on the Ray cluster at ``address`` (None: a local instance with
-    ``cpus`` CPUs, shut down afterwards).
-
-    Raises:
-        ConfigError: Ray is not installed, or the cluster cannot be reached.
-    """
+def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
         raise ConfigError(f"--ray needs Ray, which is not installed: {INSTALL_HINT}") from None
-    if address is not None and not ray.is_initialized():
-        check_reachable(address)
+    return ray
+
+
+@contextmanager
+def ray_session(address: str | None, *, cpus: int) -> Iterator[Runner]:
+    """A runner of tasks on the Ray cluster at ``address`` (None: a local instance with
+    ``cpus`` CPUs), connected (or started) on entry and left (or stopped) on exit; a Ray
+    already initialised in this process is used as it is. Each trace file goes into the
+    object store once per session, however many batches of tasks run.
+
+    Raises:
+        ConfigError: Ray is not installed, or the cluster cannot be reached.
+    """
+    ray = _import_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        if address is not None:
+            check_reachable(address)
+        options: dict[str, Any] = {
+            "include_dashboard": False,
+            "log_to_driver": False,
+            "logging_level": "ERROR",
+            "configure_logging": False,
+        }
+        try:
+            if address is None:
+                ray.init(num_cpus=cpus, **options)
+            else:
+                ray.init(address=address, **options)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = "start a local Ray instance" if address is None else f"reach Ray at {address}"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"--ray: cannot {where}: {first}") from None
+    remote = ray.remote(num_cpus=1)(_ray_task)
+    stored: dict[str, Any] = {}
 
     def execute(tasks: Sequence[Task], done: Callable[[Outcome], None]) -> None:
-        started_here = not ray.is_initialized()
-        if started_here:
-            options: dict[str, Any] = {
-                "include_dashboard": False,
-                "log_to_driver": False,
-                "logging_level": "ERROR",
-                "configure_logging": False,
-            }
-            try:
-                if address is None:
-                    ray.init(num_cpus=cpus, **options)
-                else:
-                    ray.init(address=address, **options)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                where = (
-                    "start a local Ray instance" if address is None else f"reach Ray at {address}"
-                )
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ConfigError(f"--ray: cannot {where}: {first}") from None
-        try:
-            remote = ray.remote(num_cpus=1)(_ray_task)
-            names = sorted({p for t in tasks for p in t.settings.get("trace") or []})
-            with_files = []
-            for name in names:
+        names = sorted({p for t in tasks for p in t.settings.get("trace") or []})
+        for name in names:
+            if name not in stored:
                 with open(name, "rb") as handle:
-                    with_files.append(ray.put(handle.read()))
-            pending = [remote.remote(t, names, *with_files) for t in tasks]
+                    stored[name] = ray.put(handle.read())
+        refs = [stored[name] for name in names]
+        pending = [remote.remote(t, names, *refs) for t in tasks]
+        try:
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1)
                 for ref in ready:
                     done(ray.get(ref))
-        finally:
-            if started_here:
-                ray.shutdown()
+        except BaseException:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
 
-    return execute
+    try:
+        yield execute
+    finally:
+        if started_here:
+            ray.shutdown()

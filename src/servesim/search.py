@@ -32,14 +32,15 @@ from servesim.sweep import (
     Outcome,
     Point,
     Resolved,
+    Runner,
     Table,
     Task,
     axis_values,
-    local_runner,
     merge_settings,
     relative_traces,
     resolve,
     row,
+    runner_for,
     settings_section,
     table_of,
 )
@@ -464,17 +465,19 @@ def search(
             names the closest deployment).
         ConfigError: a bad search file.
     """
-    from servesim import __version__
 
     if not isinstance(spec, SearchSpec):
         spec = load_search(Path(spec))
     workers = jobs or os.cpu_count() or 1
-    if ray is not None and ray is not False:
-        from servesim.ray_runner import ray_runner
+    with runner_for(workers, ray) as runner:
+        return _search(spec, runner, progress)
 
-        runner = ray_runner(None if ray is True else str(ray), cpus=workers)
-    else:
-        runner = local_runner(workers)
+
+def _search(
+    spec: SearchSpec, runner: Runner, progress: Callable[[Candidate], None] | None
+) -> SearchResult:
+    from servesim import __version__
+
     tried: dict[tuple[int, int], Candidate] = {}
 
     def feasible(asks: list[tuple[int, int]]) -> list[bool]:

@@ -28,10 +28,9 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import product
-from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -349,6 +348,10 @@ def local_runner(jobs: int) -> Runner:
             for task in tasks:
                 done(run_task(task))
             return
+        # Loaded here: a replay that sweeps nothing does not pay for them at start-up.
+        from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+        from multiprocessing import get_context
+
         pool = ProcessPoolExecutor(
             max_workers=min(jobs, len(tasks)),
             mp_context=get_context("spawn"),
@@ -369,6 +372,19 @@ def local_runner(jobs: int) -> Runner:
         pool.shutdown()
 
     return execute
+
+
+@contextmanager
+def runner_for(jobs: int, ray: str | bool | None) -> Iterator[Runner]:
+    """Local processes (``ray`` None or False), or a Ray session (True: a local instance;
+    or a cluster's address) for as long as the ``with`` lasts."""
+    if ray is None or ray is False:
+        yield local_runner(jobs)
+        return
+    from servesim.ray_runner import ray_session
+
+    with ray_session(None if ray is True else str(ray), cpus=jobs) as runner:
+        yield runner
 
 
 # ----- the table -----
@@ -592,8 +608,6 @@ def sweep(
     Raises:
         ConfigError: a bad sweep file, an unreadable trace, or Ray unavailable.
     """
-    from servesim import __version__
-
     if not isinstance(spec, SweepSpec):
         spec = load_spec(Path(spec), output=None if output is None else Path(output))
     elif output is not None:
@@ -601,12 +615,19 @@ def sweep(
     workers = jobs or os.cpu_count() or 1
     if workers < 1:
         raise ConfigError(f"--jobs must be at least 1, got {workers}")
-    if ray is not None and ray is not False:
-        from servesim.ray_runner import ray_runner
+    with runner_for(workers, ray) as runner:  # Ray refused before any output is written
+        return _run(spec, runner, retry_failed=retry_failed, progress=progress)
 
-        runner = ray_runner(None if ray is True else str(ray), cpus=workers)
-    else:
-        runner = local_runner(workers)
+
+def _run(
+    spec: SweepSpec,
+    runner: Runner,
+    *,
+    retry_failed: bool,
+    progress: Callable[[SweepProgress], None] | None,
+) -> SweepResult:
+    from servesim import __version__
+
     items = resolve(spec.points(), version=__version__)
     log = spec.output / "results.jsonl"
     records = _read_log(log)
