@@ -21,16 +21,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-
 import servesim
 from servesim import aic
 from servesim.config import (
@@ -45,10 +35,8 @@ from servesim.config import (
     router_keys,
 )
 from servesim.errors import ConfigError, ServesimError
-from servesim.metrics.html import write_html
 from servesim.metrics.report import read_report_json, write_lines, write_samples_jsonl
 from servesim.metrics.summary import Sla
-from servesim.metrics.terminal import render_text, renderables
 from servesim.presets import PRESETS
 from servesim.simulation import RunConfig, SyntheticWorkload, run
 from servesim.workload.formats import FORMATS, TraceOptions, canonical_format
@@ -879,6 +867,16 @@ class _ProgressBar:
     """
 
     def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
         self._bar = Progress(
             TextColumn("replaying"),
             BarColumn(),
@@ -1317,6 +1315,8 @@ def _config_from_record(args: argparse.Namespace, parser: _Parser) -> RunConfig:
 
 def _print(document: dict[str, Any]) -> None:
     """The terminal report on stdout: the terminal's width and colours, or 100 plain columns."""
+    from servesim.metrics.terminal import render_text  # rich loads only to render
+
     tty = sys.stdout.isatty()
     width = shutil.get_terminal_size().columns if tty else 100
     print(render_text(document, width=width, color=tty))
@@ -1324,6 +1324,9 @@ def _print(document: dict[str, Any]) -> None:
 
 def _report_command(args: argparse.Namespace) -> int:
     """``servesim report REPORT.json [--html PATH]``."""
+    from servesim.metrics.html import write_html
+    from servesim.metrics.terminal import renderables
+
     html = args.html
     if html is not None and html.is_dir():
         html = html / "servesim_report.html"

@@ -22,7 +22,6 @@ from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.collector import Collector, RequestRecord
-from servesim.metrics.html import render_html, write_html
 from servesim.metrics.report import (
     document_json,
     parse_report_json,
@@ -34,7 +33,6 @@ from servesim.metrics.series import PoolShape, build_series
 from servesim.metrics.stats import describe
 from servesim.metrics.summary import Cost, Sla, summarize
 from servesim.metrics.telemetry import Telemetry, TrafficWindow
-from servesim.metrics.terminal import render_text
 from servesim.provenance import input_files, provenance
 from servesim.router.affinity import MODES as AFFINITY_MODES
 from servesim.router.affinity import SessionAffinity
@@ -201,10 +199,14 @@ class Report:
 
     def table(self, *, width: int = 100, color: bool = False) -> str:
         """The terminal report as plain text (ANSI colours with ``color``)."""
+        from servesim.metrics.terminal import render_text  # rich loads only to render
+
         return render_text(self.document(), width=width, color=color)
 
     def to_html(self) -> str:
         """The self-contained HTML page of this run (what ``--html`` writes)."""
+        from servesim.metrics.html import render_html
+
         return render_html(self.document())
 
     def save(
@@ -224,6 +226,8 @@ class Report:
         if jsonl_path is not None:
             write_requests_jsonl(Path(jsonl_path), self.records)
         if html_path is not None:
+            from servesim.metrics.html import write_html
+
             write_html(Path(html_path), self.document())
 
 
@@ -456,7 +460,8 @@ def _replay_with(
     outcome = runtime.run(config.max_sim_time_ms)
     wall_ms = (time.perf_counter() - started) * 1000.0
     cost = cost_of(outcome.worker_seconds)
-    summary = summarize(collector, cost=cost, sla=config.sla, wall_time_ms=wall_ms)
+    facts = collector.facts()
+    summary = summarize(collector, facts, cost=cost, sla=config.sla, wall_time_ms=wall_ms)
     if disk is not None:
         summary["g3_offload"] = disk.summary()
     if shared_host is not None:
@@ -482,9 +487,7 @@ def _replay_with(
         run=describe_run(
             config, sessions=sessions, requests=total, time_limited=outcome.time_limited
         ),
-        series=build_series(
-            collector.records, pool_shapes(config, [len(p.workers) for p in flow.pools])
-        ),
+        series=build_series(facts, pool_shapes(config, [len(p.workers) for p in flow.pools])),
         records=collector.records,
         time_limited=outcome.time_limited,
         sections=sections,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from servesim import EngineConfig, Report, Role, RunConfig, parse_engine_args, run
+from servesim import EngineConfig, Report, Role, RunConfig, Sla, parse_engine_args, run
 from servesim.metrics import series
-from servesim.metrics.collector import Terminal, latencies
+from servesim.metrics.collector import Terminal, facts_of, latencies
 from servesim.metrics.series import NUM_POINTS, quantiles
 from servesim.metrics.stats import rank
 from servesim.simulation import pool_shapes
@@ -149,6 +150,36 @@ def test_disaggregated_runs_have_both_pools_and_transfer_times(tmp_path: Path) -
     assert len(transfers["handoff_ms"]) == 101
 
 
+@pytest.mark.parametrize("disaggregated", [False, True])
+def test_a_run_without_records_reports_the_same_series_and_summary(
+    tmp_path: Path, disaggregated: bool
+) -> None:
+    # Without records (the CLI's default, no --per-request-jsonl) each ended request is
+    # folded into a row of facts; a disaggregated one only when its handoff retires,
+    # since its source may be released after the request ended.
+    trace = write_trace(tmp_path / "trace.jsonl", ROWS)
+    keys = {"block_size": 64, "num_gpu_blocks": 120}
+    cluster: dict[str, Any] = (
+        {
+            "num_prefill_workers": 1,
+            "num_decode_workers": 2,
+            "prefill_engine": parse_engine_args(keys, role=Role.PREFILL),
+            "decode_engine": parse_engine_args(keys, role=Role.DECODE),
+        }
+        if disaggregated
+        else {"num_workers": 2, "engine": parse_engine_args(keys)}
+    )
+    sla = Sla(ttft_ms=400.0, itl_ms=15.0)
+    kept = run(RunConfig(trace=trace, sla=sla, **cluster))
+    folded = run(RunConfig(trace=trace, sla=sla, keep_records=False, **cluster))
+    assert folded.records == [] and kept.series["distributions"]["ttft_ms"]
+    assert folded.series == kept.series
+    wall = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"}
+    assert {k: v for k, v in folded.summary.items() if k not in wall} == {
+        k: v for k, v in kept.summary.items() if k not in wall
+    }
+
+
 def test_large_pools_report_mean_and_max_over_ranks(tmp_path: Path) -> None:
     trace = write_trace(tmp_path / "trace.jsonl", ROWS[:4])
     report = run(RunConfig(trace=trace, engine=EngineConfig(block_size=64), num_workers=65))
@@ -168,7 +199,7 @@ def test_a_large_pool_gives_the_same_mean_and_max_chunk_by_chunk(
     config = RunConfig(trace=trace, engine=EngineConfig(block_size=64), num_workers=70)
     report = run(config)
     monkeypatch.setattr(series, "RANKS_PER_CHUNK", 8)
-    chunked = series.build_series(report.records, pool_shapes(config))
+    chunked = series.build_series(facts_of(report.records), pool_shapes(config))
     assert chunked == report.series
     (pool,) = chunked["pools"]
     assert max(pool["queued_requests"]["max"]) >= 0 and max(pool["kv_usage_ratio"]["max"]) > 0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from servesim.workload.request import (
     BlockContentCache,
     RequestSpec,
@@ -51,3 +54,40 @@ def test_engine_blocks_spanning_trace_blocks() -> None:
     a = trace_spec([1, 2, 3], 24)
     b = trace_spec([1, 4, 3], 24)
     assert shared([a, b], 6) == [1, 1]
+
+
+def common_blocks(a: TracePrompt, b: TracePrompt, bs: int) -> int:
+    """Full blocks of both prompts that come from ids they agree on (by definition)."""
+    full_a, full_b = a.length // bs, b.length // bs
+    ids_a = a.tokens[: -(-full_a * bs // a.trace_block_size)]
+    ids_b = b.tokens[: -(-full_b * bs // b.trace_block_size)]
+    agree = 0
+    while agree < min(len(ids_a), len(ids_b)) and ids_a[agree] == ids_b[agree]:
+        agree += 1
+    return min(agree * a.trace_block_size // bs, full_a, full_b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prompts=st.lists(
+        st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=6), st.integers(0, 7)),
+        min_size=1,
+        max_size=12,
+    ),
+    tbs=st.sampled_from([4, 6, 8]),
+    bs=st.sampled_from([2, 3, 4, 6, 8]),
+)
+def test_shared_blocks_are_the_most_any_other_request_has_in_common(
+    prompts: list[tuple[list[int], int]], tbs: int, bs: int
+) -> None:
+    """A request shares as many blocks as it has in common with the best other request."""
+    specs = [trace_spec(ids, max(1, len(ids) * tbs - cut), tbs) for ids, cut in prompts]
+    got = shared(specs, bs)
+    for i, spec in enumerate(specs):
+        assert isinstance(spec.prompt, TracePrompt)
+        others = [
+            common_blocks(spec.prompt, other.prompt, bs)
+            for j, other in enumerate(specs)
+            if j != i and isinstance(other.prompt, TracePrompt)
+        ]
+        assert got[i] == max(others, default=0)

@@ -472,12 +472,14 @@ class DisaggregatedFlow:
         handoff = self._handoffs[uid]
         if not handoff.ended:
             handoff.ended = True
-            self._ledger.end(uid, now, terminal)
+            # Sealed when the handoff retires: its source may be released after the end.
+            self._ledger.end(uid, now, terminal, seal=False)
 
     def _retire_if_done(self, uid: int) -> None:
         handoff = self._handoffs[uid]
         if handoff.ended and handoff.coordinator.is_complete:
             del self._handoffs[uid]
+            self._ledger.collector.seal(handoff.record)
 
     def _catch_up(self, now: float) -> None:
         if self._observer is not None:

@@ -290,10 +290,14 @@ class Ledger:
         for request in outputs.emitted:
             on_token(records[request.uid], now)
 
-    def end(self, uid: int, now: float, terminal: Terminal) -> None:
-        """The request completed or was rejected at ``now``; its session may go on."""
+    def end(self, uid: int, now: float, terminal: Terminal, *, seal: bool = True) -> None:
+        """The request completed or was rejected at ``now``; its session may go on.
+
+        ``seal`` False: the flow still records facts about it and seals it later
+        (see :meth:`Collector.seal`).
+        """
         record = self._records.pop(uid)
-        self.collector.on_terminal(record, now, terminal)
+        self.collector.on_terminal(record, now, terminal, seal=seal)
         if self.traffic is not None and terminal is Terminal.COMPLETED:
             self.traffic.on_completed(record)
         self._admission.on_finished(self._released.pop(uid), now)

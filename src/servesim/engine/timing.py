@@ -406,7 +406,7 @@ def _node(tokens: int, bits: int = _EXACT_BELOW_BITS) -> tuple[int, int]:
 
 def _segment(axis: np.ndarray, x: float) -> tuple[int, float]:
     """Index of the axis segment used for x (edge segments extrapolate) and the fraction along it."""
-    i = int(np.searchsorted(axis, x, side="right")) - 1
+    i = int(axis.searchsorted(x, side="right")) - 1
     i = min(max(i, 0), axis.size - 2)
     lo, hi = float(axis[i]), float(axis[i + 1])
     return i, (x - lo) / (hi - lo) if hi != lo else 0.0

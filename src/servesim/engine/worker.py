@@ -225,7 +225,7 @@ class Worker:
         window = self._window
         if window is None:
             return None
-        passes = int(np.searchsorted(window.ends, at, side="right"))
+        passes = int(window.ends.searchsorted(at, side="right"))
         if passes == 0 or passes == len(window.ends):
             return None
         self._carry = len(window.ends) - passes
@@ -245,7 +245,7 @@ class Worker:
         if window is None:
             return None
         passes = min(
-            max(1, int(np.searchsorted(window.ends, now, side="left")) + 1), len(window.ends)
+            max(1, int(window.ends.searchsorted(now, side="left")) + 1), len(window.ends)
         )
         return self._apply(window, passes, ended=passes - 1)
 
@@ -256,7 +256,7 @@ class Worker:
         """
         window = self._window
         if window is not None:
-            self._apply(window, max(1, int(np.searchsorted(window.ends, limit, side="right"))))
+            self._apply(window, max(1, int(window.ends.searchsorted(limit, side="right"))))
         done = self._outputs
         out = PassOutputs()
         # Passes applied to the ranks' state whose ends come after the cap, and when the
@@ -470,7 +470,7 @@ class Worker:
         # Sequential sums, as the clock advances pass by pass (now + d0, then + d1, ...).
         ends = durations.copy()
         ends[0] += now
-        np.cumsum(ends, out=ends)
+        ends.cumsum(out=ends)  # the method: np.cumsum adds a Python wrapper per call
         self._window = _Window(plans=plans, ends=ends)
         self._serial += 1
         self._valid_passes = passes

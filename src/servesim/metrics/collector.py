@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import operator
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -173,83 +174,91 @@ def latencies(r: RequestRecord) -> Latencies:
 
 _TERMINALS = list(Terminal)
 
+FACT_FIELDS = (
+    "arrival_time_ms",
+    "queue_wait_ms",
+    "first_admit_ms",
+    "first_token_ms",
+    "second_token_ms",
+    "last_token_ms",
+    "terminal_time_ms",
+    "input_length",
+    "output_length",
+    "reused_input_tokens",
+    "first_admission_reused_input_tokens",
+    "decode_reused_input_tokens",
+    "decode_worker_idx",
+    "prefill_worker_idx",
+    "prefill_admit_ms",
+    "source_held_ms",
+    "source_released_ms",
+    "destination_reserved_ms",
+    "destination_activated_ms",
+    "decode_admit_ms",
+)
+"""The record attributes the summary and the series are computed from."""
 
-class _Facts:
-    """What the summary needs of each ended request, a dozen numbers a request in arrays by
-    uid (about 80 bytes, against about a kilobyte for a :class:`RequestRecord`); NaN is None."""
+_facts_of = operator.attrgetter(*FACT_FIELDS)
+_WIDTH = len(FACT_FIELDS) + 2  # then the terminal code and the uid
 
-    __slots__ = ("_floats", "_ints")
 
-    _FLOATS = (
-        "arrival_time_ms",
-        "first_admit_ms",
-        "first_token_ms",
-        "second_token_ms",
-        "last_token_ms",
-        "terminal_time_ms",
-        "queue_wait_ms",
-    )
-    _INTS = (
-        "input_length",
-        "output_length",
-        "reused_input_tokens",
-        "first_admission_reused_input_tokens",
-        "decode_reused_input_tokens",
-    )
+def _row(r: RequestRecord) -> list[float]:
+    """A record's facts as one row of doubles (NaN: None; terminal: -1 or its index)."""
+    row = [math.nan if v is None else v for v in _facts_of(r)]
+    row.append(-1 if r.terminal_status is None else _TERMINALS.index(r.terminal_status))
+    row.append(r.uid)
+    return row
 
-    def __init__(self) -> None:
-        self._floats: dict[str, array[float]] = {name: array("d") for name in self._FLOATS}
-        # Token counts fit 32 bits (a prompt of 2^31 tokens is not simulated); the terminal code 8.
-        self._ints: dict[str, array[int]] = {name: array("i") for name in self._INTS}
-        self._ints["terminal_status"] = array("b")
 
-    def add(self) -> None:
-        """Room for the next uid's row (filled when it ends)."""
-        for floats in self._floats.values():
-            floats.append(math.nan)
-        for ints in self._ints.values():
-            ints.append(-1)
+def facts_of(records: Iterable[RequestRecord], sealed: array[float] | None = None) -> Facts:
+    """The facts of ``records`` (and of the ``sealed`` rows of others), in uid order."""
+    rows = array("d") if sealed is None else array("d", sealed)
+    for record in records:
+        rows.extend(_row(record))
+    table = np.frombuffer(rows, dtype=np.float64).reshape(-1, _WIDTH)
+    return Facts(table[np.argsort(table[:, -1], kind="stable")])
 
-    def store(self, r: RequestRecord) -> None:
-        """Keep an ended request's facts in its row."""
-        for name, floats in self._floats.items():
-            value = getattr(r, name)
-            floats[r.uid] = math.nan if value is None else value
-        for name in self._INTS:
-            self._ints[name][r.uid] = getattr(r, name) or 0
-        status = r.terminal_status
-        self._ints["terminal_status"][r.uid] = -1 if status is None else _TERMINALS.index(status)
 
-    def record(self, uid: int) -> RequestRecord:
-        """A record holding the row's facts (and nothing else)."""
-        ints = self._ints
-        r = RequestRecord(
-            uid,
-            self._floats["arrival_time_ms"][uid],
-            ints["input_length"][uid],
-            ints["output_length"][uid],  # requested output: not needed by the summary
-            None,
-            None,
-        )
-        for name in self._FLOATS[1:]:
-            value = self._floats[name][uid]
-            setattr(r, name, None if math.isnan(value) else value)
-        if r.queue_wait_ms is None:
-            r.queue_wait_ms = 0.0
-        for name in self._INTS[1:]:
-            setattr(r, name, ints[name][uid])
-        code = ints["terminal_status"][uid]
-        r.terminal_status = None if code < 0 else _TERMINALS[code]
-        return r
+class Facts:
+    """Every request's facts as columns of doubles in uid (arrival) order; NaN is None.
+
+    ``facts["first_token_ms"]`` is a column of :data:`FACT_FIELDS`; token
+    counts are exact (below 2^53). ``terminal`` holds each request's
+    :class:`Terminal` index (-1: it never ended).
+    """
+
+    __slots__ = ("_columns", "terminal")
+
+    def __init__(self, table: np.ndarray) -> None:
+        self._columns: dict[str, np.ndarray] = dict(zip(FACT_FIELDS, table.T, strict=False))
+        self.terminal: np.ndarray = table[:, len(FACT_FIELDS)]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        column: np.ndarray = self._columns[name]
+        return column
+
+    def __len__(self) -> int:
+        return len(self.terminal)
+
+    def ended(self, terminal: Terminal) -> np.ndarray:
+        """Mask of the requests that ended so."""
+        mask: np.ndarray = self.terminal == _TERMINALS.index(terminal)
+        return mask
+
+    @property
+    def completed(self) -> np.ndarray:
+        """Mask of the requests that completed after an admission (the summary's completed)."""
+        mask: np.ndarray = self.ended(Terminal.COMPLETED) & ~np.isnan(self["first_admit_ms"])
+        return mask
 
 
 class Collector:
     """Appends facts as the loop reports them; token gaps go straight into sketches.
 
-    With ``keep_records`` False (no per-request output wanted), an ended
-    request's record is folded into a compact row of the facts the summary
-    needs and dropped, so memory holds whole records only for the requests
-    in flight.
+    With ``keep_records`` False (no per-request output wanted), a request's
+    record is folded into a compact row of its facts (:data:`FACT_FIELDS`,
+    about 180 bytes against about a kilobyte) once it is sealed, and
+    dropped, so memory holds whole records only for the requests in flight.
     """
 
     def __init__(self, *, keep_records: bool = True) -> None:
@@ -257,7 +266,8 @@ class Collector:
         self._keep = keep_records
         self._count = 0
         self._open: dict[int, RequestRecord] = {}
-        self._facts = _Facts()
+        # Sealed requests' facts (keep_records False), _WIDTH doubles a request.
+        self._rows = array("d")
         self._itl = GapSketch()
         self._per_user = GapSketch()
         # Fast-forwarded windows' token times, turned into gaps in batches (see on_shared_gaps).
@@ -307,7 +317,6 @@ class Collector:
             self.records.append(record)
         else:
             self._open[record.uid] = record
-            self._facts.add()
         return record
 
     @property
@@ -315,15 +324,9 @@ class Collector:
         """Requests that reached the cluster."""
         return self._count
 
-    def all_records(self) -> Iterator[RequestRecord]:
-        """Every request's record in uid (arrival) order: kept ones, or those in flight and
-        ones rebuilt from the facts of ended requests."""
-        if self._keep:
-            yield from self.records
-            return
-        for uid in range(self._count):
-            record = self._open.get(uid)
-            yield self._facts.record(uid) if record is None else record
+    def facts(self) -> Facts:
+        """Every request's facts so far (ended, sealed or not, and in flight)."""
+        return facts_of(self.records if self._keep else self._open.values(), self._rows)
 
     @staticmethod
     def on_route(record: RequestRecord, worker: int, dp_rank: int, dp_size: int) -> None:
@@ -419,9 +422,18 @@ class Collector:
         windows.clear()
         self._window_tokens = 0
 
-    def on_terminal(self, record: RequestRecord, now: float, terminal: Terminal) -> None:
-        """The request completed or was rejected at ``now``."""
+    def on_terminal(
+        self, record: RequestRecord, now: float, terminal: Terminal, *, seal: bool = True
+    ) -> None:
+        """The request completed or was rejected at ``now``; ``seal`` False: facts about
+        it may still come (a disaggregated handoff's source release), see :meth:`seal`."""
         record.terminal_status = terminal
         record.terminal_time_ms = now
+        if seal:
+            self.seal(record)
+
+    def seal(self, record: RequestRecord) -> None:
+        """An ended request's record changes no more: keep its facts (and drop it, unless
+        records are kept)."""
         if not self._keep:
-            self._facts.store(self._open.pop(record.uid))
+            self._rows.extend(_row(self._open.pop(record.uid)))

@@ -28,14 +28,13 @@ without them is the same run). Times are on the simulated clock, in ms.
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from servesim.metrics.collector import RequestRecord, Terminal
+from servesim.metrics.collector import Facts, Terminal
 from servesim.metrics.stats import rank
 
 NUM_POINTS = 120
@@ -89,31 +88,7 @@ class _Columns:
     decode_admit: np.ndarray
 
 
-_FACTS = (
-    "arrival_time_ms",
-    "queue_wait_ms",
-    "first_admit_ms",
-    "first_token_ms",
-    "last_token_ms",
-    "terminal_time_ms",
-    "input_length",
-    "output_length",
-    "first_admission_reused_input_tokens",
-    "decode_worker_idx",
-    "prefill_worker_idx",
-    "prefill_admit_ms",
-    "source_released_ms",
-    "destination_activated_ms",
-    "decode_admit_ms",
-)
-
-
-def _columns(records: Sequence[RequestRecord]) -> _Columns:
-    # One attrgetter pass and one object array: a few hundred ns per request.
-    table = np.array(list(map(operator.attrgetter(*_FACTS), records)), dtype=object)
-    table = table.reshape(len(records), len(_FACTS))
-    table[table == None] = math.nan  # noqa: E711  (element-wise on an object array)
-    f = dict(zip(_FACTS, table.astype(np.float64).T, strict=True))
+def _columns(f: Facts) -> _Columns:
     ranks = {
         k: np.nan_to_num(f[k], nan=-1.0).astype(np.int64)
         for k in ("decode_worker_idx", "prefill_worker_idx")
@@ -125,8 +100,7 @@ def _columns(records: Sequence[RequestRecord]) -> _Columns:
         first_token=f["first_token_ms"],
         last_token=f["last_token_ms"],
         terminal=f["terminal_time_ms"],
-        completed=np.array([r.terminal_status is Terminal.COMPLETED for r in records], dtype=bool)
-        & ~np.isnan(f["first_admit_ms"]),
+        completed=f.completed,
         input_length=f["input_length"],
         output_length=f["output_length"],
         first_reused=f["first_admission_reused_input_tokens"],
@@ -139,9 +113,9 @@ def _columns(records: Sequence[RequestRecord]) -> _Columns:
     )
 
 
-def build_series(records: Sequence[RequestRecord], pools: Sequence[PoolShape]) -> dict[str, Any]:
-    """The ``series`` section of a report (see the module docstring)."""
-    c = _columns(records)
+def build_series(facts: Facts, pools: Sequence[PoolShape]) -> dict[str, Any]:
+    """The ``series`` section of a report (see the module docstring), from every request's facts."""
+    c = _columns(facts)
     ends = np.concatenate([c.terminal, c.last_token])
     ends = ends[~np.isnan(ends)]
     end = float(ends.max()) if ends.size else 0.0
@@ -152,23 +126,15 @@ def build_series(records: Sequence[RequestRecord], pools: Sequence[PoolShape]) -
         "pools": [_pool(c, pool, bucket, end) for pool in pools],
     }
     if any(p.name == "prefill" for p in pools):
-        done = [r for r in records if r.terminal_status is Terminal.COMPLETED]
+        done = facts.ended(Terminal.COMPLETED)
+
+        def spans(start: str, end: str) -> list[float]:
+            ms = facts[end][done] - facts[start][done]
+            return quantiles(ms[~np.isnan(ms)].tolist())
+
         out["transfers"] = {
-            "kv_transfer_ms": quantiles(
-                [
-                    r.destination_activated_ms - r.destination_reserved_ms
-                    for r in done
-                    if r.destination_activated_ms is not None
-                    and r.destination_reserved_ms is not None
-                ]
-            ),
-            "handoff_ms": quantiles(
-                [
-                    r.decode_admit_ms - r.source_held_ms
-                    for r in done
-                    if r.decode_admit_ms is not None and r.source_held_ms is not None
-                ]
-            ),
+            "kv_transfer_ms": spans("destination_reserved_ms", "destination_activated_ms"),
+            "handoff_ms": spans("source_held_ms", "decode_admit_ms"),
         }
     return out
 

