@@ -1192,7 +1192,7 @@ def _sweep_command(args: argparse.Namespace) -> int:
 
     def show(p: SweepProgress) -> None:
         last = p.last or {}
-        values = " ".join(f"{k}={last.get(k)}" for k in axis_keys)
+        values = " ".join(f"{k}={last[k]}" for k in axis_keys if last.get(k) is not None)
         eta = "" if p.eta_s is None or p.done == p.total else f" · ETA {_duration(p.eta_s)}"
         status = last.get("status")
         if status == "failed":

@@ -244,9 +244,7 @@ class Worker:
         window = self._window
         if window is None:
             return None
-        passes = min(
-            max(1, int(window.ends.searchsorted(now, side="left")) + 1), len(window.ends)
-        )
+        passes = min(max(1, int(window.ends.searchsorted(now, side="left")) + 1), len(window.ends))
         return self._apply(window, passes, ended=passes - 1)
 
     def visible_by(self, limit: float) -> PassOutputs:
