@@ -1235,6 +1235,8 @@ def _search_command(args: argparse.Namespace) -> int:
     from servesim.search import Candidate, describe, load_search, search
 
     spec = load_search(args.spec)
+    if args.json is not None:
+        check_writable(args.json, "--json")
 
     def show(c: Candidate) -> None:
         verdict = "meets" if c.feasible else "misses"
@@ -1242,7 +1244,6 @@ def _search_command(args: argparse.Namespace) -> int:
 
     result = search(spec, jobs=args.jobs, ray=args.ray, progress=None if args.quiet else show)
     if args.json is not None:
-        check_writable(args.json, "--json")
         write_lines(args.json, [result.to_json()])
     if args.quiet:
         return 0
