@@ -93,6 +93,7 @@ def test_ranges_are_inclusive_and_zips_advance_together(tmp_path: Path) -> None:
 def test_grids_follow_one_another(tmp_path: Path) -> None:
     spec = _spec(
         {
+            "fixed": {"prefill_engine": {"max_num_seqs": 32}},
             "grids": [
                 {"axes": {"num_workers": [2, 4]}},
                 {
@@ -107,7 +108,8 @@ def test_grids_follow_one_another(tmp_path: Path) -> None:
     )
     points = spec.points()
     assert len(points) == 3
-    assert points[2].settings["prefill_engine"] == {"block_size": 64}
+    # A grid's fixed keys merge into the file's objects.
+    assert points[2].settings["prefill_engine"] == {"max_num_seqs": 32, "block_size": 64}
     assert "num_workers" not in points[2].settings
     assert spec.axis_keys == ["num_workers", "num_prefill_workers", "num_decode_workers"]
 

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import product
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from servesim.errors import ConfigError, ServesimError
 from servesim.metrics.report import atomic_write
@@ -102,9 +102,7 @@ class SweepSpec:
         out: list[Point] = []
         for grid in self.grids:
             for combo in product(*(axis.values for axis in grid.axes)):
-                settings = {**self.base}
-                for key, value in grid.fixed.items():
-                    settings = with_setting(settings, key, value)
+                settings = merge_settings(self.base, grid.fixed)
                 values: dict[str, Any] = {}
                 for axis, step in zip(grid.axes, combo, strict=True):
                     for key, value in zip(axis.keys, step, strict=True):
@@ -686,7 +684,7 @@ def _run(
     return SweepResult(table, ran, skipped, failed, spec.output, (csv_path, parquet_path))
 
 
-def _append(handle: io.TextIOBase | Any, record: Mapping[str, Any]) -> None:
+def _append(handle: TextIO, record: Mapping[str, Any]) -> None:
     handle.write(json.dumps(record, sort_keys=True) + "\n")
     handle.flush()
     os.fsync(handle.fileno())
