@@ -102,7 +102,7 @@ def test_grids_follow_one_another(tmp_path: Path) -> None:
                         "pd": {"zip": {"num_prefill_workers": [1], "num_decode_workers": [3]}}
                     },
                 },
-            ]
+            ],
         },
         tmp_path,
     )
