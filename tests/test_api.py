@@ -64,6 +64,13 @@ def test_every_config_type_and_the_version_are_at_the_top_level() -> None:
         "Sla",
         "Role",
         "Backend",
+        "sweep",
+        "search",
+        "Table",
+        "SweepResult",
+        "SearchResult",
+        "Candidate",
+        "NoFeasibleConfiguration",
     ):
         assert name in servesim.__all__ and hasattr(servesim, name), name
     assert servesim.__version__ == version("servesim")
@@ -82,7 +89,7 @@ def test_to_json_is_the_saved_file_and_round_trips(report: Report, tmp_path: Pat
     report.save(json_path=str(path))
     text = report.to_json()
     assert path.read_text() == text
-    assert sorted(json.loads(text)) == ["run", "series", "summary"]
+    assert sorted(json.loads(text)) == ["provenance", "run", "series", "summary"]
     again = Report.from_json(text)
     assert again.to_json() == text
     assert again.table() == report.table()

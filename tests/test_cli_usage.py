@@ -106,7 +106,7 @@ def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
             ["repaly"],
             [
                 "servesim: error: argument command: invalid choice: 'repaly' (choose from "
-                "'replay', 'keys', 'report', 'timing', 'trace'); did you mean 'replay'?",
+                "'replay', 'keys', 'report', 'timing', 'trace', 'sweep', 'search'); did you mean 'replay'?",
                 "try 'servesim --help'",
             ],
         ),

@@ -110,14 +110,16 @@ def test_every_per_request_field_is_documented(reports: list[Report]) -> None:
     assert not fields - documented
 
 
-def test_every_run_and_series_key_is_documented(reports: list[Report]) -> None:
+def test_every_run_series_and_provenance_key_is_documented(reports: list[Report]) -> None:
     documented = _documented("report.md")
     keys = set()
     for report in reports:
         # The router config's keys are the KvRouterConfig's, which 'servesim keys' lists.
         keys |= set(_leaves(json.loads(report.to_json())["run"], skip=("config",)))
         keys |= set(_leaves(report.series))
-    assert {"transfers", "kv_transfer_ms", "per_rank", "input_tokens"} <= keys
+        # The settings' keys are the replay's flags and the engine and router keys.
+        keys |= set(_leaves(json.loads(report.to_json())["provenance"], skip=("config",)))
+    assert {"transfers", "kv_transfer_ms", "per_rank", "input_tokens", "sha256"} <= keys
     assert not keys - documented
 
 

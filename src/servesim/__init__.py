@@ -4,7 +4,9 @@ The API in one breath: build a :class:`RunConfig` (a trace path, str or
 Path, or a :class:`SyntheticWorkload`; the cluster; engine and router
 configs), :func:`run` it, and read the :class:`Report` (``summary``,
 ``records``, ``to_json()``, ``table()``, ``to_html()``, ``save()``).
-``docs/api.md`` has examples.
+``docs/api.md`` has examples. :func:`sweep` replays every point of a sweep
+file and :func:`search` finds the cheapest deployment that meets an SLA
+(``docs/capacity-planning.md``).
 """
 
 from servesim.cluster.planner import PlannerConfig, parse_planner_config, planner_config
@@ -23,7 +25,9 @@ from servesim.config import (
 from servesim.errors import ConfigError, ReportError, ServesimError, SimulationError, TraceError
 from servesim.metrics.collector import RequestRecord, Terminal
 from servesim.metrics.summary import Sla
+from servesim.search import Candidate, NoFeasibleConfiguration, SearchResult, search
 from servesim.simulation import Report, RunConfig, SyntheticWorkload, run
+from servesim.sweep import SweepResult, Table, sweep
 
 # The one place the version is written: pyproject.toml reads it from here (reading
 # the installed distribution's metadata instead costs ~40 ms of start-up).
@@ -31,10 +35,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend",
+    "Candidate",
     "ConfigError",
     "DiskOffloadConfig",
     "EngineConfig",
     "HostOffloadConfig",
+    "NoFeasibleConfiguration",
     "PlannerConfig",
     "Report",
     "ReportError",
@@ -42,11 +48,14 @@ __all__ = [
     "Role",
     "RouterConfig",
     "RunConfig",
+    "SearchResult",
     "ServesimError",
     "SglangConfig",
     "SimulationError",
     "Sla",
+    "SweepResult",
     "SyntheticWorkload",
+    "Table",
     "Terminal",
     "TimingModelConfig",
     "TraceError",
@@ -56,4 +65,6 @@ __all__ = [
     "parse_router_config",
     "planner_config",
     "run",
+    "search",
+    "sweep",
 ]

@@ -17,6 +17,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -208,9 +209,78 @@ def build_parser() -> _Parser:
     keys.set_defaults(command_parser=keys)
     report.set_defaults(command_parser=report)
     timing.set_defaults(command_parser=timing)
-    _add_replay_arguments(p)
+    add_replay_arguments(p)
     _add_trace_commands(sub)
+    _add_planning_commands(sub)
     return parser
+
+
+_SWEEP_EXAMPLES = """\
+examples:
+  servesim sweep examples/sweep.yaml
+  servesim sweep examples/sweep.yaml --jobs 2 --out results/
+  servesim sweep examples/sweep.yaml --ray                 # a local Ray instance
+  servesim sweep examples/sweep.yaml --ray 10.0.0.5:6379   # an existing Ray cluster
+
+docs/capacity-planning.md describes sweep files.
+"""
+
+_SEARCH_EXAMPLES = """\
+examples:
+  servesim search examples/search.yaml
+  servesim search examples/search.yaml --jobs 2 --json search.json
+
+docs/capacity-planning.md describes search files.
+"""
+
+
+def _add_planning_commands(sub: Any) -> None:
+    sweep = sub.add_parser(
+        "sweep",
+        help="replay every point of a sweep file (in parallel, resumable); write a table",
+        description="Replay every point of a sweep file (YAML or JSON) on local processes or\n"
+        "Ray, and write one row per point to results.csv and results.parquet. A rerun\n"
+        "skips the points already done (results.jsonl in the output directory).",
+        epilog=_SWEEP_EXAMPLES,
+    )
+    search = sub.add_parser(
+        "search",
+        help="find the deployment with the fewest GPUs that meets an SLA",
+        description="Find, over a search file's space (aggregated worker counts, P/D splits,\n"
+        "routers, TP/DP), the deployment with the fewest GPUs (or GPU-hours) whose\n"
+        "replay meets the SLA percentiles and goodput target, bisecting on worker counts.",
+        epilog=_SEARCH_EXAMPLES,
+    )
+    for p, what in ((sweep, "sweep"), (search, "search")):
+        p.set_defaults(command_parser=p)
+        p.add_argument("spec", type=Path, metavar="SPEC", help=f"the {what} file (YAML or JSON)")
+        p.add_argument(
+            "--jobs",
+            metavar="N",
+            type=_positive_int,
+            help=f"local worker processes (default: the cores, {os.cpu_count() or 1})",
+        )
+        p.add_argument(
+            "--ray",
+            metavar="ADDRESS",
+            nargs="?",
+            const=True,
+            help="run the points as Ray tasks: on the cluster at ADDRESS, or without one on a "
+            "local Ray instance (needs servesim[ray])",
+        )
+        p.add_argument("--quiet", action="store_true", help="print no progress and no table")
+    sweep.add_argument(
+        "--out",
+        metavar="DIR",
+        type=Path,
+        help="results directory (default: the file's 'output', or SPEC's name + .sweep)",
+    )
+    sweep.add_argument(
+        "--retry-failed", action="store_true", help="run again the points recorded as failed"
+    )
+    search.add_argument(
+        "--json", metavar="PATH", type=Path, help="write the search result (every point) as JSON"
+    )
 
 
 _TRACE_EXAMPLES = """\
@@ -302,8 +372,17 @@ def _add_trace_reading(
     )
 
 
-def _add_replay_arguments(p: argparse.ArgumentParser) -> None:
+def add_replay_arguments(p: argparse.ArgumentParser) -> None:
+    """The replay's flags (``servesim replay`` and the settings of :mod:`servesim.settings`)."""
     w = p.add_argument_group("workload")
+    w.add_argument(
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help="replay the configuration a report recorded (its provenance section), or a "
+        "settings object (JSON or YAML; docs/capacity-planning.md); no other workload, "
+        "cluster, engine or router flag with it",
+    )
     w.add_argument(
         "trace_files",
         nargs="*",
@@ -1018,6 +1097,17 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "timing":
         print(render_timing_list())
         return 0
+    if args.command in ("sweep", "search"):
+        try:
+            if args.command == "sweep":
+                return _sweep_command(args)
+            return _search_command(args)
+        except ServesimError as exc:
+            print(f"servesim: error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        except OSError as exc:
+            print(f"servesim: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+            return 2
     # As the reference: an existing directory gets the report inside it.
     if args.report_json is not None and args.report_json.is_dir():
         args.report_json = args.report_json / "servesim_report.json"
@@ -1038,7 +1128,10 @@ def _main(argv: Sequence[str] | None) -> int:
         ):
             if path is not None:
                 check_writable(path, flag)
-        config = config_from_args(args, command_parser)
+        if args.config is not None:
+            config = _config_from_record(args, command_parser)
+        else:
+            config = config_from_args(args, command_parser)
         _warn_if_large(config)
         bar = _ProgressBar() if not args.quiet and sys.stderr.isatty() else None
         try:
@@ -1063,6 +1156,179 @@ def _main(argv: Sequence[str] | None) -> int:
             if path is not None:
                 print(f"Saved {what} to: {path}")
     return 0
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+_SWEEP_SHOWN = (
+    "gpus",
+    "p99_ttft_ms",
+    "p99_itl_ms",
+    "output_throughput_tok_s",
+    "gpu_hours",
+    "sla_attainment",
+    "status",
+)
+
+
+def render_sweep_table(table: Any, axis_keys: Sequence[str]) -> str:
+    """A sweep's key columns as aligned text: each point's axis values, GPUs, p99 TTFT and
+    ITL, output throughput, GPU-hours, SLA attainment and status (the files have all)."""
+    columns = [c for c in ("point", *axis_keys, *_SWEEP_SHOWN) if c in table.columns]
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+        return str(value)
+
+    rows = [columns, *([cell(r.get(c)) for c in columns] for r in table)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(text.rjust(width) for text, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _sweep_command(args: argparse.Namespace) -> int:
+    """``servesim sweep SPEC``: progress a line per point on stderr, then where the table is."""
+    from servesim.sweep import SweepProgress, load_spec, sweep
+
+    spec = load_spec(args.spec, output=args.out)
+    axis_keys = spec.axis_keys
+
+    def show(p: SweepProgress) -> None:
+        last = p.last or {}
+        values = " ".join(f"{k}={last[k]}" for k in axis_keys if last.get(k) is not None)
+        eta = "" if p.eta_s is None or p.done == p.total else f" · ETA {_duration(p.eta_s)}"
+        status = last.get("status")
+        if status == "failed":
+            status = f"FAILED: {last.get('error')}"
+        print(
+            f"[{p.done:>{len(str(p.total))}}/{p.total}] point {last.get('point')} {status}"
+            f"{eta} · {values}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    result = sweep(
+        spec,
+        jobs=args.jobs,
+        ray=args.ray,
+        retry_failed=args.retry_failed,
+        progress=None if args.quiet else show,
+    )
+    if not args.quiet:
+        print(render_sweep_table(result.table, axis_keys))
+        print(
+            f"\n{len(result.table)} points: {result.ran} run now, {result.skipped} done before, "
+            f"{result.failed} failed"
+        )
+        for path in result.files:
+            print(f"Saved table to: {path}")
+    if result.failed:
+        print(
+            f"servesim: {result.failed} point(s) failed; their errors are in the table's "
+            "'error' column",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _search_command(args: argparse.Namespace) -> int:
+    """``servesim search SPEC``: the winner, the next smaller deployment of its kind,
+    the runners-up and the Pareto frontier."""
+    from servesim.search import Candidate, describe, load_search, search
+
+    spec = load_search(args.spec)
+    if args.json is not None:
+        check_writable(args.json, "--json")
+
+    def show(c: Candidate) -> None:
+        verdict = "meets" if c.feasible else "misses"
+        print(f"  tried {describe(c)}: {verdict}", file=sys.stderr, flush=True)
+
+    result = search(spec, jobs=args.jobs, ray=args.ray, progress=None if args.quiet else show)
+    if args.json is not None:
+        write_lines(args.json, [result.to_json()])
+    if args.quiet:
+        return 0
+    assert result.winner is not None
+    wanted = " and ".join(str(t) for t in result.targets)
+    if result.min_goodput is not None:
+        wanted += f", goodput >= {result.min_goodput:g}"
+    print(f"Targets: {wanted}; objective: fewest {result.objective.replace('_', '-')}")
+    print(f"{len(result.evaluated)} deployments replayed")
+    print(f"\nWinner: {describe(result.winner)}, {result.winner.gpu_hours or 0:.3f} GPU-hours")
+    if result.next_smaller is not None:
+        print(f"One step smaller misses: {describe(result.next_smaller)}")
+    if result.runners_up:
+        print("\nRunners-up (the fewest of each other kind that meets the targets):")
+        for c in result.runners_up:
+            print(f"  {describe(c)}, {c.gpu_hours or 0:.3f} GPU-hours")
+    if result.frontier:
+        key = next(iter(result.frontier[0].metrics))
+        print(f"\nPareto frontier (output tokens/s per GPU vs {key}):")
+        for c in result.frontier:
+            mark = "meets" if c.feasible else "misses"
+            print(
+                f"  {c.throughput_per_gpu or 0:>9.1f} tok/s/GPU  {key} {c.metrics[key]:>9.1f}  "
+                f"{c.label} ({c.gpus} GPUs, {mark})"
+            )
+    if args.json is not None:
+        print(f"\nSaved search result to: {args.json}")
+    return 0
+
+
+def _config_from_record(args: argparse.Namespace, parser: _Parser) -> RunConfig:
+    """``replay --config FILE``: the run a report's provenance (or a settings object)
+    describes, refusing a trace whose contents changed since it was recorded."""
+    from servesim.provenance import file_digest
+    from servesim.settings import OUTPUT_DESTS, config_from_settings, record_settings
+
+    given = [
+        action.option_strings[0] if action.option_strings else "TRACE"
+        for action in parser._actions
+        if action.dest not in OUTPUT_DESTS
+        and action.dest not in ("command_parser", "trace_files")
+        and getattr(args, action.dest, None) != action.default
+    ]
+    if args.trace_files:
+        given.append("TRACE")
+    if given:
+        parser.error(
+            f"--config replays the recorded configuration; drop {', '.join(sorted(set(given)))} "
+            "(or edit the file)"
+        )
+    source = f"--config {args.config}"
+    settings, inputs = record_settings(args.config)
+    config = config_from_settings(settings, source=source)
+    for recorded in inputs:
+        path = Path(recorded["name"])
+        if recorded.get("sha256") is None or recorded["name"] == "<stdin>":
+            continue
+        try:
+            now = file_digest(path)
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read {path}: {exc.strerror}") from None
+        if now["sha256"] != recorded["sha256"]:
+            raise ConfigError(
+                f"{source}: {path} has changed since the report was made (SHA-256 "
+                f"{now['sha256'][:12]}..., {now['size_bytes']:,} bytes; recorded "
+                f"{recorded['sha256'][:12]}..., {recorded['size_bytes']:,} bytes)"
+            )
+    return replace(config, keep_records=args.per_request_jsonl is not None)
 
 
 def _print(document: dict[str, Any]) -> None:

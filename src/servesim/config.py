@@ -1089,3 +1089,56 @@ def engine_keys() -> list[KeyInfo]:
 def router_keys() -> list[KeyInfo]:
     """Every ``--router-config`` key :func:`parse_router_config` accepts, from its table."""
     return _key_infos(_ROUTER_KEYS, _ROUTER_KEY_MEANINGS)
+
+
+# ----- back to keys (provenance) -----
+
+_NOT_KEPT = ("engine_type", "is_prefill", "is_decode", "trtllm")
+"""Engine keys that spell another key's value (``backend``, ``worker_type``), or whose
+one accepted value is the only behaviour (``trtllm``)."""
+
+
+def timing_settings(timing: TimingModelConfig) -> dict[str, Any]:
+    """The ``timing_model`` object that parses back to ``timing``."""
+    if timing.type == "interpolated":
+        if timing.profile is not None:
+            return {"profile": timing.profile}
+        return {"type": "interpolated", "path": timing.profile_path}
+    if timing.type == "fixed":
+        return {"type": "fixed", "prefill_ms": timing.prefill_ms, "decode_ms": timing.decode_ms}
+    if timing.type == "aic":
+        assert timing.aic is not None
+        spec = {name: getattr(timing.aic, name) for name in _AIC_FIELDS}
+        return {"type": "aic", **{k: v for k, v in spec.items() if v is not None}}
+    return {"type": "polynomial"}
+
+
+def engine_settings(engine: EngineConfig) -> dict[str, Any]:
+    """Every engine key that shapes the simulation, with its resolved value: the object
+    :func:`parse_engine_args` turns back into ``engine`` (keys that only validate, and
+    aliases, are left out; ``sglang`` only for that backend)."""
+    out: dict[str, Any] = {}
+    for key, (attribute, _parse, _default) in _ENGINE_KEYS.items():
+        if attribute is None or key in _NOT_KEPT:
+            continue
+        value = getattr(engine, attribute)
+        if key == "timing_model":
+            value = timing_settings(value)
+        elif key == "sglang":
+            if engine.backend is not Backend.SGLANG:
+                continue
+            value = {name: getattr(value, name) for name in SglangConfig.__slots__}
+        elif key == "aic_nextn_accept_rates" and value is not None:
+            value = ",".join(str(rate) for rate in value)
+        elif key in ("native_host_offload", "g3_offload") and value is not None:
+            fields = {name: getattr(value, name) for name in type(value).__slots__}
+            value = {name: v for name, v in fields.items() if v is not None}
+        elif isinstance(value, StrEnum):
+            value = str(value)
+        out[key] = value
+    return out
+
+
+def router_settings(router: RouterConfig) -> dict[str, Any]:
+    """Every ``--router-config`` key of ``router``, resolved."""
+    return {name: getattr(router, name) for name in RouterConfig.__slots__}

@@ -34,6 +34,7 @@ from servesim.metrics.series import PoolShape, build_series
 from servesim.metrics.stats import describe
 from servesim.metrics.summary import Cost, Sla, summarize
 from servesim.metrics.telemetry import Telemetry, TrafficWindow
+from servesim.provenance import input_files, provenance
 from servesim.router.affinity import MODES as AFFINITY_MODES
 from servesim.router.affinity import SessionAffinity
 from servesim.router.indexer import KvIndexer
@@ -494,6 +495,7 @@ def _replay_with(
     sections: dict[str, Any] = {"telemetry": telemetry.section()} if telemetry is not None else {}
     if planner is not None:
         sections["planner"] = planner.section(runtime.transitions())
+    sections["provenance"] = provenance(config, version=_version(), inputs=input_files(config))
     if scaling is not None:
         sections["lifecycle_transitions"] = [
             {

@@ -200,8 +200,8 @@ def _rows(sample: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_no_telemetry_no_section() -> None:
-    """Without an interval the report has no telemetry section."""
-    assert _run(telemetry=None).sections == {}
+    """Without an interval the report has no telemetry section (only its provenance)."""
+    assert set(_run(telemetry=None).sections) == {"provenance"}
 
 
 def test_cli_writes_the_section_and_the_jsonl(tmp_path: Path) -> None:

@@ -116,7 +116,7 @@ def report_document(
 ) -> dict[str, Any]:
     """The report file's content: the reference's ``summary``, then servesim's own sections,
     ``run`` (what was simulated) and ``series`` (what the HTML page plots), and the run's
-    other sections (``telemetry``, ``lifecycle_transitions``)."""
+    other sections (``provenance``, ``telemetry``, ``lifecycle_transitions``)."""
     return {"summary": summary, "run": run, "series": series, **(sections or {})}
 
 
