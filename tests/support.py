@@ -9,7 +9,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from servesim import RunConfig, SyntheticWorkload, parse_engine_args, run
+from servesim.cli import main
 from servesim.cluster.disagg import DisaggregatedFlow
 from servesim.cluster.flows import AggregatedFlow, KvObserver
 from servesim.cluster.runtime import (
@@ -202,3 +205,13 @@ def state_at(transitions: list[dict[str, Any]], worker: int | None, at: float, i
         if t["at_ms"] < at or (t["at_ms"] == at and t["state"] == "active"):
             state = t["state"]
     return state
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run the CLI; return (exit code, stdout, stderr), whether it returns or exits."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err

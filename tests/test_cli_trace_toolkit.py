@@ -7,19 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from servesim.cli import main
 from servesim.simulation import RunConfig, run
+from tests.support import run_cli
 
 FORMATS = Path(__file__).resolve().parent / "data" / "replay_formats"
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _write(path: Path, rows: list[dict[str, object]]) -> Path:
@@ -40,7 +31,9 @@ def test_stats_counts_lengths_reuse_and_rate(
             {"timestamp": 2000, "input_length": 8, "output_length": 5, "hash_ids": [1, 2]},
         ],
     )
-    code, out, _ = _cli(capsys, "trace", "stats", str(trace), "--trace-block-size", "4", "--json")
+    code, out, _ = run_cli(
+        capsys, "trace", "stats", str(trace), "--trace-block-size", "4", "--json"
+    )
     assert code == 0
     stats = json.loads(out)
     assert (stats["requests"], stats["sessions"]) == (3, 3)
@@ -60,7 +53,7 @@ def test_stats_counts_lengths_reuse_and_rate(
 
 def test_stats_of_an_agentic_trace_counts_plays(capsys: pytest.CaptureFixture[str]) -> None:
     """30 plays of 4 requests; only the roots have a fixed arrival."""
-    code, out, _ = _cli(
+    code, out, _ = run_cli(
         capsys,
         "trace",
         "stats",
@@ -80,7 +73,7 @@ def test_convert_delta_to_mooncake_keeps_prompt_identity(
     turn 2 (493 + 41 output + 119 = 653 tokens) share the 7 full blocks' ids; the block
     holding turn 1's output is new, as is every part block."""
     out = tmp_path / "full.jsonl"
-    code, _, err = _cli(
+    code, _, err = run_cli(
         capsys,
         "trace",
         "convert",
@@ -112,7 +105,9 @@ def test_convert_dynamo_trace_replays_the_same(
     """A Dynamo trace converted to Mooncake (block size 64) replays to the same summary."""
     out = tmp_path / "m.jsonl"
     source = FORMATS / "dynamo_request_trace_60.jsonl"
-    code, _, err = _cli(capsys, "trace", "convert", str(source), "--from", "dynamo", "-o", str(out))
+    code, _, err = run_cli(
+        capsys, "trace", "convert", str(source), "--from", "dynamo", "-o", str(out)
+    )
     assert code == 0, err
     direct = run(RunConfig(trace=source, trace_format="dynamo", num_workers=2))
     converted = run(RunConfig(trace=out, trace_block_size=64, num_workers=2))
@@ -131,7 +126,7 @@ def test_convert_azure_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         "2023-11-16 18:15:47.0000000,0,3\n"
         "2023-11-16 18:15:50.9951690,513,8\n"
     )
-    code, out, err = _cli(capsys, "trace", "convert", str(csv), "--from", "azure", "-o", "-")
+    code, out, err = run_cli(capsys, "trace", "convert", str(csv), "--from", "azure", "-o", "-")
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
     assert rows == [
@@ -149,7 +144,9 @@ def test_convert_burstgpt_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         "45,ChatGPT,1087,0,1087,Conversation log\n"
     )
     out = tmp_path / "b.jsonl"
-    code, _, err = _cli(capsys, "trace", "convert", str(csv), "--from", "burstgpt", "-o", str(out))
+    code, _, err = run_cli(
+        capsys, "trace", "convert", str(csv), "--from", "burstgpt", "-o", str(out)
+    )
     assert code == 0, err
     assert [json.loads(line) for line in out.read_text().splitlines()] == [
         {"timestamp": 0.0, "input_length": 472, "output_length": 18, "hash_ids": [0]},
@@ -162,7 +159,7 @@ def test_convert_refuses_agentic_and_bad_csv(
 ) -> None:
     """One message, exit 2, no output file."""
     out = tmp_path / "x.jsonl"
-    code, _, err = _cli(
+    code, _, err = run_cli(
         capsys,
         "trace",
         "convert",
@@ -173,7 +170,9 @@ def test_convert_refuses_agentic_and_bad_csv(
     assert not out.exists()
     csv = tmp_path / "bad.csv"
     csv.write_text("Timestamp,Model,Request tokens,Response tokens\n5,ChatGPT,many,18\n")
-    code, _, err = _cli(capsys, "trace", "convert", str(csv), "--from", "burstgpt", "-o", str(out))
+    code, _, err = run_cli(
+        capsys, "trace", "convert", str(csv), "--from", "burstgpt", "-o", str(out)
+    )
     assert code == 2
     assert f"{csv}:2: Request tokens must be a token count, got 'many'" in err
     assert not out.exists()

@@ -36,6 +36,7 @@ from servesim.config import (
     router_keys,
 )
 from servesim.simulation import RunConfig, SyntheticWorkload
+from tests.support import run_cli
 
 SYNTHETIC = [
     *("--input-tokens", "100", "--output-tokens", "5", "--request-count", "3"),
@@ -43,22 +44,12 @@ SYNTHETIC = [
 ]
 
 
-def _exit(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run the CLI; return (exit code, stdout, stderr), whether it returns or exits."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 # --- version ------------------------------------------------------------------------------
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
     """``servesim --version`` prints the installed package's version."""
-    code, out, _ = _exit(capsys, "--version")
+    code, out, _ = run_cli(capsys, "--version")
     assert (code, out) == (0, f"servesim {version('servesim')}\n")
     assert servesim.__version__ == version("servesim")
 
@@ -147,7 +138,7 @@ def test_usage_error_is_one_line_and_a_hint(
 ) -> None:
     """A usage error is one line (with a suggestion when a known name is close) and a hint,
     never the usage block; exit code 2. Abbreviated flags are not accepted."""
-    code, out, err = _exit(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert (code, out, err.splitlines()) == (2, "", lines)
 
 
@@ -188,7 +179,7 @@ def test_unknown_key_suggests_the_closest(
 ) -> None:
     """An engine or router key typo names the key and the closest known one, on one line."""
     argv = ["replay", *SYNTHETIC, "--router-mode", "kv_router", flag, value]
-    code, out, err = _exit(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert (code, out, err.splitlines()) == (2, "", [line])
 
 
@@ -197,7 +188,7 @@ def test_unknown_key_suggests_the_closest(
 
 def test_replay_help_groups_defaults_and_examples(capsys: pytest.CaptureFixture[str]) -> None:
     """``replay --help`` groups the flags, shows defaults that exist and ends with examples."""
-    code, out, _ = _exit(capsys, "replay", "--help")
+    code, out, _ = run_cli(capsys, "replay", "--help")
     assert code == 0
     headings = [line for line in out.splitlines() if re.fullmatch(r"[a-z ]+:", line)]
     assert headings == [
@@ -228,7 +219,7 @@ def test_replay_help_groups_defaults_and_examples(capsys: pytest.CaptureFixture[
 def test_readme_example_in_the_help_runs(capsys: pytest.CaptureFixture[str]) -> None:
     """The first example of the help runs as written (from the repository root)."""
     trace = Path(__file__).parents[1] / "examples" / "mooncake_conversation_200.jsonl"
-    code, out, err = _exit(capsys, "replay", str(trace), "--num-workers", "4")
+    code, out, err = run_cli(capsys, "replay", str(trace), "--num-workers", "4")
     assert (code, err) == (0, "")
     assert "200 arrived · 200 completed · 0 rejected · 0 incomplete" in out
 
@@ -253,7 +244,7 @@ def test_every_key_has_a_meaning() -> None:
 
 def test_keys_lists_every_key_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
     """``servesim keys`` lists the parsers' keys, nested ones dotted, with defaults."""
-    code, out, err = _exit(capsys, "keys")
+    code, out, err = run_cli(capsys, "keys")
     assert (code, err) == (0, "")
     listed = [
         line for line in out.splitlines() if line.startswith("  ") and line.split()[0] != "key"
@@ -319,7 +310,7 @@ def test_report_path_under_a_file_fails_before_the_run(
 
     monkeypatch.setattr(cli, "run", no_run)
     target = blocker / "deeper" / "out.json"
-    code, out, err = _exit(capsys, "replay", *SYNTHETIC, flag, str(target))
+    code, out, err = run_cli(capsys, "replay", *SYNTHETIC, flag, str(target))
     assert (code, out) == (2, "")
     assert err == f"servesim: error: {flag}: cannot write {target}: {blocker} is not a directory\n"
 
@@ -423,10 +414,10 @@ def test_large_configuration_warns_on_one_line(
 ) -> None:
     """Above the threshold the run warns once on stderr, then runs as usual."""
     monkeypatch.setattr(cli, "MEMORY_WARNING_BYTES", 35_000_000 + 6_000 * 2)
-    code, _, err = _exit(capsys, "replay", *SYNTHETIC, "--num-workers", "2", "--quiet")
+    code, _, err = run_cli(capsys, "replay", *SYNTHETIC, "--num-workers", "2", "--quiet")
     assert (code, err) == (
         0,
         "servesim: warning: this run may need about 0.0 GB of memory (2 DP ranks, 3 requests)\n",
     )
-    code, _, err = _exit(capsys, "replay", *SYNTHETIC, "--num-workers", "1", "--quiet")
+    code, _, err = run_cli(capsys, "replay", *SYNTHETIC, "--num-workers", "1", "--quiet")
     assert (code, err) == (0, "")

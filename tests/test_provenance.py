@@ -14,6 +14,7 @@ from servesim import RunConfig, __version__, parse_engine_args, run
 from servesim.cli import main
 from servesim.config import Role, engine_settings
 from servesim.sweep import WALL_TIME_COLUMNS
+from tests.support import run_cli
 
 REPO = Path(__file__).parents[1]
 SAMPLE = REPO / "examples" / "mooncake_conversation_200.jsonl"
@@ -107,12 +108,8 @@ def test_replay_config_reproduces_the_report(
 
 
 def _fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+    code, _, err = run_cli(capsys, *argv)
     assert code == 2
-    err = capsys.readouterr().err
     assert err.startswith("servesim: error: ")
     return err
 

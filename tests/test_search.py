@@ -13,7 +13,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from servesim import run
-from servesim.cli import main
 from servesim.errors import ConfigError
 from servesim.search import (
     NoFeasibleConfiguration,
@@ -25,6 +24,7 @@ from servesim.search import (
     search,
 )
 from servesim.settings import config_from_settings
+from tests.support import run_cli
 
 REPO = Path(__file__).parents[1]
 SAMPLE = REPO / "examples" / "mooncake_conversation_200.jsonl"
@@ -160,22 +160,13 @@ def test_the_frontier_is_not_dominated(found: Any) -> None:
     assert len(result.table) == len(result.evaluated)
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_the_cli_names_winner_runner_up_and_frontier(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "search.json"
     space = {"workers": {"from": 4, "to": 8}, "routers": ["kv_router"], "pd_splits": ["1:1"]}
     path.write_text(json.dumps(_spec(space)))
-    code, out, err = _cli(
+    code, out, err = run_cli(
         capsys, "search", str(path), "--jobs", "1", "--json", str(tmp_path / "r.json")
     )
     assert code == 0
@@ -206,7 +197,7 @@ def test_no_feasible_point_names_the_closest(
     assert len(caught.value.result.evaluated) == 1  # the largest missed: nothing smaller is tried
     path = tmp_path / "search.json"
     path.write_text(json.dumps(_spec({"workers": [1, 3], "routers": ["kv_router"]})))
-    code, _, err = _cli(capsys, "search", str(path), "--jobs", "1")
+    code, _, err = run_cli(capsys, "search", str(path), "--jobs", "1")
     assert code == 2 and "servesim: error: no configuration meets" in err
 
 
@@ -242,7 +233,7 @@ def test_bad_search_files_exit_2(
 ) -> None:
     path = tmp_path / "search.json"
     path.write_text(json.dumps(document))
-    code, out, err = _cli(capsys, "search", str(path))
+    code, out, err = run_cli(capsys, "search", str(path))
     assert code == 2 and out == ""
     assert err.startswith(f"servesim: error: {path}: ") and expected in err
     assert len(err.splitlines()) == 1

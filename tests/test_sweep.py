@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from servesim.cli import main
 from servesim.errors import ConfigError
 from servesim.sweep import WALL_TIME_COLUMNS, Table, load_spec, parse_spec, sweep
+from tests.support import run_cli
 
 REPO = Path(__file__).parents[1]
 SAMPLE = REPO / "examples" / "mooncake_conversation_200.jsonl"
@@ -260,25 +260,16 @@ def test_a_log_line_cut_short_by_a_kill_is_dropped(tmp_path: Path) -> None:
     assert log.read_text().count("\n") == 2
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_the_cli_shows_progress_and_the_tables(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = _write(tmp_path, {"num_workers": [1, 2]})
-    code, out, err = _cli(capsys, "sweep", str(path), "--jobs", "1")
+    code, out, err = run_cli(capsys, "sweep", str(path), "--jobs", "1")
     assert code == 0
     assert "[1/2] point 0 ok · ETA" in err and "[2/2] point 1 ok · num_workers=2" in err
     assert "2 points: 2 run now, 0 done before, 0 failed" in out
     assert f"Saved table to: {tmp_path / 'sweep.sweep' / 'results.parquet'}" in out
-    code, out, _ = _cli(capsys, "sweep", str(path))
+    code, out, _ = run_cli(capsys, "sweep", str(path))
     assert code == 0 and "0 run now, 2 done before" in out
 
 
@@ -292,7 +283,7 @@ def test_the_cli_shows_progress_and_the_tables(
 def test_bad_sweep_files_exit_2_with_one_line(
     axes: dict[str, Any], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = _cli(capsys, "sweep", str(_write(tmp_path, axes)))
+    code, out, err = run_cli(capsys, "sweep", str(_write(tmp_path, axes)))
     assert code == 2 and out == ""
     assert err.startswith("servesim: error: ") and expected in err
     assert len(err.splitlines()) == 1
@@ -303,7 +294,7 @@ def test_a_failed_point_makes_the_exit_status_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = _write(tmp_path, {"engine.num_gpu_blocks": [0, 16384]})
-    code, out, err = _cli(capsys, "sweep", str(path), "--jobs", "1")
+    code, out, err = run_cli(capsys, "sweep", str(path), "--jobs", "1")
     assert code == 1
     assert "point 0 FAILED: point 0: " in err and "1 point(s) failed" in err
     assert "2 points: 2 run now, 0 done before, 1 failed" in out
@@ -315,10 +306,10 @@ def test_an_unreachable_ray_address_exits_2_at_once(
     pytest.importorskip("ray")
     path = _write(tmp_path, {"num_workers": [1]})
     started = time.monotonic()
-    code, _, err = _cli(capsys, "sweep", str(path), "--ray", "127.0.0.1:1")
+    code, _, err = run_cli(capsys, "sweep", str(path), "--ray", "127.0.0.1:1")
     assert code == 2
     assert err.startswith("servesim: error: --ray: cannot reach a Ray cluster at 127.0.0.1:1")
     assert time.monotonic() - started < 30
     assert not (tmp_path / "sweep.sweep").exists()  # refused before any output
-    code, _, err = _cli(capsys, "sweep", str(path), "--ray", "nonsense")
+    code, _, err = run_cli(capsys, "sweep", str(path), "--ray", "nonsense")
     assert code == 2 and "expected a cluster address HOST:PORT" in err

@@ -39,7 +39,7 @@ from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.report import request_row
 from servesim.metrics.telemetry import TrafficWindow
-from tests.support import paid_worker_seconds, state_at
+from tests.support import paid_worker_seconds, run_cli, state_at
 
 AGG, PREFILL, DECODE = Stage.AGGREGATED, Stage.PREFILL, Stage.DECODE
 # KV capacity 1,000 tokens a rank; a prompt of at most 1,000 tokens.
@@ -394,11 +394,8 @@ def _replay(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> t
         "replay", "--input-tokens", "100", "--output-tokens", "5", "--request-count", "3", "--arrival-interval-ms", "10",
         "--report-json", str(tmp_path / "report.json"), *args,
     ]  # fmt: skip
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    return code, capsys.readouterr().err
+    code, _, err = run_cli(capsys, *argv)
+    return code, err
 
 
 @pytest.mark.parametrize(
