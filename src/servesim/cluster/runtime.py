@@ -506,9 +506,17 @@ class Runtime:
     def _upcoming(self) -> float:
         """The next timestamp: the earliest arrival, pass end or deadline (and, while the
         workload is not done, scaling tick or startup finishing)."""
+        completions, pools = self._completions, self._pools
+        # A window cut short leaves its first end on the heap: drop it here, so that the
+        # loop never visits an instant at which nothing happens.
+        while completions:
+            at, stage, worker_id = completions[0]
+            if pools[stage].workers[worker_id].busy_until == at:
+                break
+            heapq.heappop(completions)
         upcoming = min(
             self.admission.next_ready_ms(self.now),
-            self._completions[0][0] if self._completions else math.inf,
+            completions[0][0] if completions else math.inf,
             self._deadlines[0][0] if self._deadlines else math.inf,
             self.flow.next_deadline(),
         )
@@ -609,7 +617,7 @@ class Runtime:
         readies, changed = self._readies, False
         while readies and readies[0][0] == now:
             _, stage, worker_id = heapq.heappop(readies)
-            pool = self._pools[Stage(stage)]
+            pool = self._pools[stage]
             if pool.ready(worker_id, now):  # a cancelled startup's readiness is stale
                 self.flow.set_routable(pool, now)
                 pool.wake(worker_id)
@@ -699,7 +707,7 @@ class Runtime:
         changed = False
         while completions and completions[0][0] == now:
             _, stage, worker_id = heapq.heappop(completions)
-            pool = self._pools[Stage(stage)]
+            pool = self._pools[stage]
             worker = pool.workers[worker_id]
             if worker.busy_until != now:
                 continue  # stale: its fast-forward window was cut to end earlier
@@ -714,7 +722,7 @@ class Runtime:
             _, stage, worker_id = heapq.heappop(deadlines)
             if self._wakes.get((stage, worker_id)) == now:
                 del self._wakes[stage, worker_id]
-            pool = self._pools[Stage(stage)]
+            pool = self._pools[stage]
             worker = pool.workers[worker_id]
             if worker.busy:
                 continue  # a pass is in flight: its end completes what is due
