@@ -458,7 +458,7 @@ def _replay_with(
     engine = config.prefill_engine or config.engine
     collector = Collector(keep_records=config.keep_records)
     ledger = Ledger(collector, admission, hook)
-    completions: list[tuple[float, int, int]] = []
+    completions: list[tuple[float, Stage, int]] = []
     disk = None
     if engine.g3_offload is not None:
         assert engine.kv_cache_bytes_per_token is not None
@@ -760,7 +760,7 @@ class _Clients:
 def _flow(
     config: RunConfig,
     ledger: Ledger,
-    completions: list[tuple[float, int, int]],
+    completions: list[tuple[float, Stage, int]],
     disk: DiskTier | None,
     shared_host: HostTier | None,
 ) -> tuple[Flow, CostOf]:

@@ -110,7 +110,7 @@ class Pool:
         self,
         stage: Stage,
         workers: list[Worker],
-        completions: list[tuple[float, int, int]],
+        completions: list[tuple[float, Stage, int]],
         *,
         factory: WorkerFactory | None = None,
     ) -> None:
@@ -428,7 +428,7 @@ class Runtime:
         flow: Flow,
         admission: Admission,
         ledger: Ledger,
-        completions: list[tuple[float, int, int]],
+        completions: list[tuple[float, Stage, int]],
         telemetry: Telemetry | None = None,
         scaling: ScalingPolicy | None = None,
         *,
@@ -446,12 +446,12 @@ class Runtime:
         # The last timestamp cost was priced at (telemetry-only instants are not priced).
         self._priced_ms = 0.0
         # Pass ends that exist only because a window was split at a sample time.
-        self._split_ends: set[tuple[float, int, int]] = set()
+        self._split_ends: set[tuple[float, Stage, int]] = set()
         # Scaling: the next tick, ticks so far, startups finishing (time, stage, worker
         # id), and whether any pool changed (then draining workers are watched).
         self._tick_at = math.inf
         self._ticks = 0
-        self._readies: list[tuple[float, int, int]] = []
+        self._readies: list[tuple[float, Stage, int]] = []
         self._scaled = False
         self._completions = completions
         self._pools = {pool.stage: pool for pool in flow.pools}
@@ -468,7 +468,7 @@ class Runtime:
             for p in flow.pools
             for w in p.workers
         )
-        self._deadlines: list[tuple[float, int, int]] = []
+        self._deadlines: list[tuple[float, Stage, int]] = []
         self._wakes: dict[tuple[int, int], float] = {}
 
     def run(self, max_sim_time_ms: float | None = None) -> RunOutcome:
