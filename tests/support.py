@@ -60,7 +60,7 @@ def replay_aggregated(
     collector = Collector()
     admission = AdmissionQueue(sessions, concurrency=concurrency)
     ledger = Ledger(collector, admission, None)
-    completions: list[tuple[float, int, int]] = []
+    completions: list[tuple[float, Stage, int]] = []
     policy: PlacementPolicy = RoundRobinPolicy([config.dp_size] * len(workers))
     observer = None
     if kv_router:
@@ -97,7 +97,7 @@ def replay_disaggregated(
     collector = Collector()
     admission = AdmissionQueue(sessions, concurrency=concurrency)
     ledger = Ledger(collector, admission, None)
-    completions: list[tuple[float, int, int]] = []
+    completions: list[tuple[float, Stage, int]] = []
     pools = [
         Pool(
             stage, [Worker(i, config, fast_forward=fast_forward) for i in range(count)], completions

@@ -39,6 +39,7 @@ from servesim.router.affinity import MODES as AFFINITY_MODES
 from servesim.router.affinity import SessionAffinity
 from servesim.router.indexer import KvIndexer
 from servesim.router.kv_router import KvRouter
+from servesim.router.round_robin import RoundRobinRouter
 from servesim.router.routing import KvPolicy, PlacementPolicy, RoundRobinPolicy
 from servesim.workload.admission import Admission, AdmissionQueue
 from servesim.workload.agentic import AgenticGraph, AgenticQueue
@@ -301,6 +302,37 @@ def _check_agentic(config: RunConfig) -> None:
         )
 
 
+def _round_robin_pools(config: RunConfig, sessions: list[Session]) -> list[int] | None:
+    """The KV pool (worker x dp_size + rank) of each session's one request, when the
+    replay's routing is known before it starts (None otherwise).
+
+    It is when round robin places every request on a fixed aggregated pool as it is
+    released, and every session has one turn: then the release order is the order
+    of start times (open loop) or of sessions (closed loop), whatever the timing of
+    the replay, and the router's rotation is a function of that order. The same
+    admission and rotation as the replay's give it here.
+    """
+    if (
+        config.disaggregated
+        or config.router_mode != "round_robin"
+        or config.planner is not None
+        or any(len(session.turns) != 1 for session in sessions)
+    ):
+        return None
+    admission = _admission(config, sessions)
+    dp_size = config.engine.dp_size
+    rotation = RoundRobinRouter([dp_size] * config.num_workers)
+    pools = [0] * len(sessions)
+    now = -math.inf
+    while not admission.drained():
+        now = admission.next_ready_ms(now)
+        for released in admission.release(now):
+            worker, rank = rotation.place()
+            pools[released.session] = worker * dp_size + rank
+            admission.on_finished(released, now)
+    return pools
+
+
 def _admission(config: RunConfig, workload: list[Session] | AgenticGraph) -> Admission:
     if isinstance(workload, AgenticGraph):
         return AgenticQueue(
@@ -431,12 +463,11 @@ def _replay(
     if engine.backend is not Backend.SGLANG:
         # The vLLM block pool hashes only blocks another request could match (the
         # radix cache keys every page by its content, so SGLang needs no such look-ahead).
-        sessions = (
-            [Session(turns=[n.spec for n in workload.nodes])]
-            if isinstance(workload, AgenticGraph)
-            else workload
-        )
-        mark_shared_blocks(sessions, engine.block_size)
+        if isinstance(workload, AgenticGraph):
+            mark_shared_blocks([Session(turns=[n.spec for n in workload.nodes])], engine.block_size)
+        else:
+            pools = _round_robin_pools(config, workload) if scaling is None else None
+            mark_shared_blocks(workload, engine.block_size, pools=pools)
     if isinstance(workload, AgenticGraph):
         counts = (len(workload.plays), len(workload.nodes))
     else:

@@ -21,8 +21,10 @@ def trace_spec(ids: list[int], length: int, tbs: int = 8) -> RequestSpec:
     return RequestSpec(prompt=TracePrompt(tuple(ids), tbs, length, CACHE), output_length=1)
 
 
-def shared(specs: list[RequestSpec], block_size: int) -> list[int | None]:
-    mark_shared_blocks([Session(turns=[s], start_ms=0.0) for s in specs], block_size)
+def shared(
+    specs: list[RequestSpec], block_size: int, pools: list[int] | None = None
+) -> list[int | None]:
+    mark_shared_blocks([Session(turns=[s], start_ms=0.0) for s in specs], block_size, pools=pools)
     return [s.shared_blocks for s in specs]
 
 
@@ -76,18 +78,39 @@ def common_blocks(a: TracePrompt, b: TracePrompt, bs: int) -> int:
     ),
     tbs=st.sampled_from([4, 6, 8]),
     bs=st.sampled_from([2, 3, 4, 6, 8]),
+    pool_count=st.sampled_from([None, 1, 2, 3]),
+    data=st.data(),
 )
 def test_shared_blocks_are_the_most_any_other_request_has_in_common(
-    prompts: list[tuple[list[int], int]], tbs: int, bs: int
+    prompts: list[tuple[list[int], int]],
+    tbs: int,
+    bs: int,
+    pool_count: int | None,
+    data: st.DataObject,
 ) -> None:
-    """A request shares as many blocks as it has in common with the best other request."""
+    """A request shares as many blocks as it has in common with the best other request
+    (of its own pool, when each request's pool is given)."""
     specs = [trace_spec(ids, max(1, len(ids) * tbs - cut), tbs) for ids, cut in prompts]
-    got = shared(specs, bs)
+    pools = None
+    if pool_count is not None:
+        pools = data.draw(
+            st.lists(st.integers(0, pool_count - 1), min_size=len(specs), max_size=len(specs))
+        )
+    got = shared(specs, bs, pools)
     for i, spec in enumerate(specs):
         assert isinstance(spec.prompt, TracePrompt)
         others = [
             common_blocks(spec.prompt, other.prompt, bs)
             for j, other in enumerate(specs)
-            if j != i and isinstance(other.prompt, TracePrompt)
+            if j != i
+            and isinstance(other.prompt, TracePrompt)
+            and (pools is None or pools[j] == pools[i])
         ]
         assert got[i] == max(others, default=0)
+
+
+def test_requests_on_different_pools_share_nothing() -> None:
+    """The same two prompts share four blocks on one pool and none on two."""
+    a, b = trace_spec([1, 2, 3], 24), trace_spec([1, 2, 9], 24)
+    assert shared([a, b], 4, pools=[0, 0]) == [4, 4]
+    assert shared([a, b], 4, pools=[1, 0]) == [0, 0]
