@@ -303,25 +303,33 @@ def _check_agentic(config: RunConfig) -> None:
 
 
 def _round_robin_pools(config: RunConfig, sessions: list[Session]) -> list[int] | None:
-    """The KV pool (worker x dp_size + rank) of each session's one request, when the
-    replay's routing is known before it starts (None otherwise).
+    """The KV pool (worker x dp_size + rank) of each session's one request on the pool
+    that places it as it arrives (the aggregated pool, or a disaggregated run's prefill
+    pool), when that is known before the replay starts (None otherwise).
 
-    It is when round robin places every request on a fixed aggregated pool as it is
-    released, and every session has one turn: then the release order is the order
-    of start times (open loop) or of sessions (closed loop), whatever the timing of
-    the replay, and the router's rotation is a function of that order. The same
-    admission and rotation as the replay's give it here.
+    It is when round robin places every request on a fixed pool as it is released,
+    and every session has one turn: then the release order is the order of start
+    times (open loop) or of sessions (closed loop), whatever the timing of the
+    replay, and the router's rotation is a function of that order. The same
+    admission and rotation as the replay's give it here. (A disaggregated run places
+    its decode side when a prefill completes: in an order the replay decides.)
     """
     if (
-        config.disaggregated
-        or config.router_mode != "round_robin"
+        config.router_mode != "round_robin"
         or config.planner is not None
         or any(len(session.turns) != 1 for session in sessions)
     ):
         return None
+    if config.disaggregated:
+        assert config.prefill_engine is not None
+        # vLLM and TRT-LLM submit the prefill first, as the request arrives (SGLang, which
+        # reserves the destination first, names every block anyway).
+        dp_size, workers = config.prefill_engine.dp_size, config.num_prefill_workers
+        rotation = RoundRobinRouter([dp_size] * workers, worker_major=True)
+    else:
+        dp_size = config.engine.dp_size
+        rotation = RoundRobinRouter([dp_size] * config.num_workers)
     admission = _admission(config, sessions)
-    dp_size = config.engine.dp_size
-    rotation = RoundRobinRouter([dp_size] * config.num_workers)
     pools = [0] * len(sessions)
     now = -math.inf
     while not admission.drained():
@@ -467,7 +475,16 @@ def _replay(
             mark_shared_blocks([Session(turns=[n.spec for n in workload.nodes])], engine.block_size)
         else:
             pools = _round_robin_pools(config, workload) if scaling is None else None
-            mark_shared_blocks(workload, engine.block_size, pools=pools)
+            if config.disaggregated and pools is not None:
+                # The prefill side names what its rank may match; the decode side, placed
+                # as the replay goes, what any request may.
+                mark_shared_blocks(workload, engine.block_size, pools=pools)
+                prefill_marks = [session.turns[0].shared_blocks for session in workload]
+                mark_shared_blocks(workload, engine.block_size)
+                for session, marks in zip(workload, prefill_marks, strict=True):
+                    session.turns[0].prefill_shared_blocks = marks
+            else:
+                mark_shared_blocks(workload, engine.block_size, pools=pools)
     if isinstance(workload, AgenticGraph):
         counts = (len(workload.plays), len(workload.nodes))
     else:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from servesim import EngineConfig, RunConfig, run
+from servesim import EngineConfig, Role, RunConfig, run
 from servesim import simulation as simulation_module
 from servesim.metrics.collector import RequestRecord
 from servesim.simulation import _round_robin_pools, _workload
@@ -26,6 +26,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "arrival_speedup_ratio": 3.0,
     },
     "closed loop of 7, 5 workers": {"num_workers": 5, "replay_concurrency": 7},
+    "disaggregated, 2 prefill workers of 2 ranks, 3 decode workers": {
+        "prefill_engine": replace(ENGINE, dp_size=2, worker_type=Role.PREFILL),
+        "decode_engine": replace(ENGINE, worker_type=Role.DECODE),
+        "num_prefill_workers": 2,
+        "num_decode_workers": 3,
+    },
 }
 
 
@@ -50,7 +56,7 @@ def test_blocks_named_per_pool_change_nothing(
     name: str, head: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The k-th request to arrive (by start time, then trace order; in trace order in a
-    closed loop) runs on the pool predicted for its session, and the replay equals the
+    closed loop) runs (or prefills) on the pool predicted for its session, and the replay equals the
     one with blocks named over the whole workload, request by request and in every
     simulated figure of the summary."""
     config = config_of(name, head)
@@ -62,7 +68,11 @@ def test_blocks_named_per_pool_change_nothing(
     if config.replay_concurrency is None:
         order.sort(key=lambda i: (sessions[i].start_ms, i))
     per_pool = run(config)
-    assert [r.decode_worker_idx for r in per_pool.records] == [pools[i] for i in order]
+    placed = [
+        r.prefill_worker_idx if config.disaggregated else r.decode_worker_idx
+        for r in per_pool.records
+    ]
+    assert placed == [pools[i] for i in order]
     assert per_pool.summary["prefix_cache_reused_ratio"] > 0  # prefixes were found
 
     monkeypatch.setattr(simulation_module, "_round_robin_pools", lambda config, sessions: None)
@@ -75,13 +85,10 @@ def test_blocks_named_per_pool_change_nothing(
 
 
 def test_no_prediction_where_routing_depends_on_the_replay() -> None:
-    """The KV router, disaggregated pools and multi-turn sessions are not predicted."""
+    """The KV router and multi-turn sessions are not predicted."""
     config = config_of("open loop, 4 workers", TRACE)
     sessions = _workload(config)
     assert isinstance(sessions, list)
     assert _round_robin_pools(replace(config, router_mode="kv_router"), sessions) is None
-    disagg = replace(config, prefill_engine=ENGINE, decode_engine=ENGINE)
-    assert disagg.disaggregated
-    assert _round_robin_pools(disagg, sessions) is None
     two_turns = [replace(sessions[0], turns=sessions[0].turns * 2), *sessions[1:]]
     assert _round_robin_pools(config, two_turns) is None

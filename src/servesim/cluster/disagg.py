@@ -328,7 +328,9 @@ class DisaggregatedFlow:
                 routed.uid,
                 spec.prompt,
                 min(spec.output_length, 1),
-                shared_blocks=spec.shared_blocks,
+                shared_blocks=spec.shared_blocks
+                if spec.prefill_shared_blocks is None
+                else spec.prefill_shared_blocks,
             )
             request.hashes = handoff.route.hashes.copy()
             handoff.prefill_request = request

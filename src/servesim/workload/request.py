@@ -255,6 +255,9 @@ class RequestSpec:
         priority: soft priority hint for router queues.
         shared_blocks: leading full prompt blocks some other request also has
             (see :mod:`servesim.workload.sharing`); None when not worked out.
+        prefill_shared_blocks: on a disaggregated run's prefill rank, when the
+            rank is known before the replay, those some other request of that
+            rank has; None: ``shared_blocks``.
         sequence: the prompt followed by the output tokens, when a later
             prompt repeats them (delta and applied-compute turns); None otherwise.
         request_id: the trace's id of the request, when it names one.
@@ -272,6 +275,7 @@ class RequestSpec:
     delay_ms: float = 0.0
     priority: int = 0
     shared_blocks: int | None = None
+    prefill_shared_blocks: int | None = None
     sequence: Prompt | None = None
     request_id: str | None = None
     trajectory: str | None = None
