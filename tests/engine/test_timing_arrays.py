@@ -19,6 +19,7 @@ from servesim.engine.timing import (
     InterpolatedTiming,
     PolynomialTiming,
     _exact_ns,
+    decode_durations,
     pass_duration,
     pass_durations,
 )
@@ -88,6 +89,32 @@ def test_decode_series_is_decode_ms_step_by_step(
         for j in range(passes)
     ]
     assert series == expected
+
+
+@given(
+    st.integers(1, 64),
+    st.integers(0, 3_000_000),
+    st.integers(1, 300),
+    st.sampled_from([0, 1000, 1 << 20, 1_048_576 * 3 + 7]),
+    DIVISORS,
+)
+def test_decode_durations_from_the_table_are_the_computed_ones(
+    batch: int, first_total: int, passes: int, capacity: int, divisor: float
+) -> None:
+    """A window's durations, sliced from the polynomial's shared table (grown as asked,
+    clamped past the capacity), are pass_durations of decode_series to the last bit."""
+    timing = PolynomialTiming(capacity, divisor, 1.0)
+    got = decode_durations(timing, batch, first_total, passes)
+    assert not got.flags.writeable
+    computed = pass_durations(timing.decode_series(batch, first_total, passes), divisor)
+    assert got.tolist() == computed.tolist()
+
+
+def test_models_of_one_capacity_and_speed_share_their_table() -> None:
+    """Sixteen workers of one engine config hold one table, not sixteen."""
+    a, b = PolynomialTiming(4096, 2.0, 1.0), PolynomialTiming(4096, 2.0, 1.0)
+    assert a._durations is b._durations
+    assert PolynomialTiming(4096, 1.0, 1.0)._durations is not a._durations
 
 
 PROFILE = InterpolatedTiming(

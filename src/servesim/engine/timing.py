@@ -62,12 +62,19 @@ class PolynomialTiming:
     rounding (see :func:`pass_duration`).
     """
 
-    __slots__ = ("_total", "decode_divisor", "prefill_divisor")
+    __slots__ = ("_durations", "_total", "decode_divisor", "prefill_divisor")
 
     def __init__(self, total_kv_tokens: int, speedup: float, decode_speedup: float) -> None:
         self._total = float(total_kv_tokens)
         self.prefill_divisor = speedup if speedup > 0 else 1.0
         self.decode_divisor = self.prefill_divisor * (decode_speedup if decode_speedup > 0 else 1.0)
+        # Rounded decode pass durations by total context tokens, shared by every model
+        # of the same capacity and divisor (see decode_durations).
+        key = (total_kv_tokens, self.decode_divisor)
+        table = _DURATION_TABLES.get(key)
+        if table is None:
+            table = _DURATION_TABLES[key] = _DurationTable(self)
+        self._durations = table
 
     def prefill_ms(self, batch: int, isl: int, prefix: int) -> float:
         """See :class:`TimingModel`."""
@@ -107,6 +114,63 @@ class PolynomialTiming:
         ms += 5.74
         # p is in [0, 1], where the polynomial is at least 5.74: the 1 ms floor never binds.
         return ms
+
+
+class _DurationTable:
+    """A polynomial model's rounded decode pass durations for totals 0, 1, 2, ... tokens
+    of context, computed as far as asked (by doubling) with :meth:`PolynomialTiming.decode_series`
+    and :func:`pass_durations`, element by element the same values.
+
+    A decode step's duration depends on its total context alone, so every window's
+    durations are a strided slice of this one array (up to the capacity, past which
+    the fraction ``p`` stays at 1).
+    """
+
+    __slots__ = ("_model", "values")
+
+    def __init__(self, model: PolynomialTiming) -> None:
+        self._model = model
+        self.values = np.empty(0)
+
+    def upto(self, total: int) -> np.ndarray:
+        """The durations of totals ``0..total`` (and maybe more), read-only."""
+        have = len(self.values)
+        if total >= have:
+            grown = max(total + 1, 2 * have, 1024)
+            model = self._model
+            more = pass_durations(model.decode_series(1, have, grown - have), model.decode_divisor)
+            values = np.concatenate((self.values, more))
+            values.flags.writeable = False
+            self.values = values
+        return self.values
+
+
+_DURATION_TABLES: dict[tuple[int, float], _DurationTable] = {}
+
+
+def decode_durations(timing: TimingModel, batch: int, first_total: int, passes: int) -> np.ndarray:
+    """Rounded durations of ``passes`` decode steps over a fixed batch: :func:`pass_durations`
+    of :meth:`TimingModel.decode_series`, read-only.
+
+    The polynomial model reads them from its table (a window costs one slice instead
+    of some twenty array operations); the others compute them.
+    """
+    if not isinstance(timing, PolynomialTiming) or batch < 1 or first_total < 0:
+        return pass_durations(
+            timing.decode_series(batch, first_total, passes), timing.decode_divisor
+        )
+    last = first_total + (passes - 1) * batch
+    capacity = int(timing._total)
+    table = timing._durations.upto(min(last, capacity))
+    if last <= capacity:
+        return table[first_total : last + 1 : batch]
+    # Steps past the capacity all cost what a full cache does.
+    out = np.full(passes, table[capacity])
+    if first_total <= capacity:
+        within = (capacity - first_total) // batch + 1
+        out[:within] = table[first_total : capacity + 1 : batch]
+    out.flags.writeable = False
+    return out
 
 
 class FixedTiming:

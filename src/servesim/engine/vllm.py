@@ -62,7 +62,7 @@ from servesim.engine.scheduler import (
     population_var,
 )
 from servesim.engine.speculative import SpeculativeSampler
-from servesim.engine.timing import TimingModel, pass_duration, pass_durations
+from servesim.engine.timing import TimingModel, decode_durations, pass_duration
 
 _UNBOUNDED = 1 << 62
 
@@ -481,9 +481,7 @@ class VllmScheduler:
             if len(self._window_durations) >= 256:
                 self._window_durations.clear()
             timing = self.timing
-            durations = pass_durations(
-                timing.decode_series(batch, context, passes), timing.decode_divisor
-            )
+            durations = decode_durations(timing, batch, context, passes)
             durations.flags.writeable = False
             self._window_durations[key] = durations
         return durations
