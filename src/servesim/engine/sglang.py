@@ -68,7 +68,7 @@ from servesim.engine.request import EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
 from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankGauges
 from servesim.engine.speculative import SpeculativeSampler
-from servesim.engine.timing import TimingModel, pass_duration, pass_durations
+from servesim.engine.timing import TimingModel, decode_durations, pass_duration, pass_durations
 
 _UNBOUNDED = 1 << 62
 LPM_FALLBACK_THRESHOLD = 128
@@ -256,14 +256,18 @@ class SglangScheduler:
                 passes = needs[room]
         if passes < 2:
             return None
-        timing = self.timing
-        series = timing.decode_series(n, self._sum_base + n * d, passes)
+        timing, first_total = self.timing, self._sum_base + n * d
+        if timing.decode_divisor == 1.0:  # x / 1.0 is x: the durations any vLLM rank has
+            durations = decode_durations(timing, n, first_total, passes)
+        else:  # SGLang divides before it rounds
+            series = timing.decode_series(n, first_total, passes)
+            durations = pass_durations(series / timing.decode_divisor)
         return DecodePlan(
             members=n,
             first_step=d,
             prev_end_ms=self._last_decode_end,
             seconds=[],
-            durations=pass_durations(series / timing.decode_divisor),
+            durations=durations,
             removals=[],
         )
 
