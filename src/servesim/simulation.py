@@ -465,7 +465,14 @@ def _replay(
             concurrency=config.replay_concurrency,
             speedup=config.arrival_speedup_ratio,
         )
-        return _replay_with(config, admission, (plan.rows, plan.rows), progress, scaling)
+        return _replay_with(
+            config,
+            admission,
+            (plan.rows, plan.rows),
+            progress,
+            scaling,
+            ends_unobserved=config.replay_concurrency is None,  # one-turn requests
+        )
     workload = _workload(config)
     engine = config.prefill_engine or config.engine
     if engine.backend is not Backend.SGLANG:
@@ -487,9 +494,19 @@ def _replay(
                 mark_shared_blocks(workload, engine.block_size, pools=pools)
     if isinstance(workload, AgenticGraph):
         counts = (len(workload.plays), len(workload.nodes))
+        ends_unobserved = False
     else:
         counts = (len(workload), sum(len(s.turns) for s in workload))
-    return _replay_with(config, _admission(config, workload), counts, progress, scaling)
+        # An open loop of one-turn sessions releases nothing when a request ends.
+        ends_unobserved = config.replay_concurrency is None and counts[0] == counts[1]
+    return _replay_with(
+        config,
+        _admission(config, workload),
+        counts,
+        progress,
+        scaling,
+        ends_unobserved=ends_unobserved,
+    )
 
 
 def _replay_with(
@@ -498,9 +515,11 @@ def _replay_with(
     counts: tuple[int, int],
     progress: Callable[[int, int], None] | None,
     scaling: ScalingPolicy | None,
+    *,
+    ends_unobserved: bool = False,
 ) -> Report:
     """Replay ``admission``'s requests; ``counts``: the workload's sessions (or plays) and
-    requests."""
+    requests; ``ends_unobserved``: the admission releases nothing when a request ends."""
     sessions, total = counts
     hook = None if progress is None else functools.partial(_report_progress, progress, total)
     engine = config.prefill_engine or config.engine
@@ -512,7 +531,14 @@ def _replay_with(
         assert engine.kv_cache_bytes_per_token is not None
         disk = DiskTier(engine.g3_offload, engine.block_size * engine.kv_cache_bytes_per_token)
     shared_host = _shared_host_tier(config)
-    flow, cost_of = _flow(config, ledger, completions, disk, shared_host)
+    flow, cost_of = _flow(
+        config,
+        ledger,
+        completions,
+        disk,
+        shared_host,
+        ends_unobserved=ends_unobserved and scaling is None,
+    )
     telemetry = None
     if config.telemetry_interval_ms is not None:
         ledger.windows.append(TrafficWindow())
@@ -811,6 +837,8 @@ def _flow(
     completions: list[tuple[float, Stage, int]],
     disk: DiskTier | None,
     shared_host: HostTier | None,
+    *,
+    ends_unobserved: bool = False,
 ) -> tuple[Flow, CostOf]:
     """The flow the config asks for, and how to price its worker-seconds (``disk``: the
     deployment's disk KV tier, under its aggregated workers' host tiers)."""
@@ -821,6 +849,20 @@ def _flow(
     if not config.disaggregated:
         engine = config.engine
         kv = config.router_mode == "kv_router"
+        # Decode windows may run past a request's last token when nothing reacts to its
+        # end before the window is applied: round robin (no state, no queue), an
+        # admission that releases nothing then, no telemetry, planner or time cap (which
+        # read or cut the run at pass ends), and a plain vLLM engine.
+        span = (
+            ends_unobserved
+            and fast
+            and not kv
+            and not gauges
+            and not fpm
+            and config.max_sim_time_ms is None
+            and engine.backend is Backend.VLLM
+            and engine.native_host_offload is None
+        )
 
         def aggregated(i: int) -> Worker:
             return Worker(
@@ -832,6 +874,7 @@ def _flow(
                 gauges=gauges,
                 fpm=fpm,
                 shared_host=clients.of(engine),
+                windows_span_finishes=span,
             )
 
         pool = Pool(

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from servesim.config import Backend, EngineConfig, HostOffloadConfig
 from servesim.engine.kv.host_tier import HostTier
+from servesim.engine.vllm import VllmScheduler
 from servesim.engine.worker import Worker
 from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
 from servesim.workload.sharing import mark_shared_blocks
@@ -57,11 +58,15 @@ def replay(
     cap: float | None,
     fast: bool,
     kv_router: bool = False,
+    span: bool = False,
+    lru: list[list[int | None]] | None = None,
 ) -> list[tuple[object, ...]]:
     """The token-gap sketches' statistics, then each request's record, of a replay.
 
     ``fast`` turns on the shortcuts (fast-forward windows, the decode cohort, unnamed
-    unshared blocks).
+    unshared blocks); ``span`` lets windows run past members' last tokens. ``lru``
+    receives each rank's evictable blocks at the end, oldest first, as their hashes
+    (None: unnamed).
     """
     sessions = build(sessions_spec)
     if fast:
@@ -77,12 +82,18 @@ def replay(
             fast_forward=fast,
             kv_events=kv_router,
             shared_host=None if tier is None else (tier, i * config.dp_size),
+            windows_span_finishes=span,
         )
         for i in range(workers)
     ]
     collector, _ = replay_aggregated(
         sessions, config, pool, concurrency=concurrency, max_sim_time_ms=cap, kv_router=kv_router
     )
+    if lru is not None:
+        for worker in pool:
+            for rank in worker.ranks:
+                assert isinstance(rank, VllmScheduler)
+                lru.append([rank.pool.block_hash(b) for b in rank.pool.lru_order()])
     gaps = [(s.describe(), s.count) for s in (collector.itl, collector.per_user)]
     return gaps + [
         (
@@ -175,3 +186,52 @@ def test_fast_forward_records_equal_exact_passes(
     assert len(fast) == len(exact)
     for f, e in zip(fast, exact, strict=True):
         assert all(same(a, b) for a, b in zip(f, e, strict=True)), (f, e)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    requests=st.lists(
+        st.tuples(
+            st.floats(0, 120, allow_nan=False),  # arrival
+            st.lists(st.integers(0, 4), min_size=1, max_size=5),  # hash ids
+            st.integers(1, 60),  # output tokens
+        ),
+        min_size=1,
+        max_size=10,
+    ),
+    workers=st.integers(1, 3),
+    dp_size=st.integers(1, 2),
+    blocks=st.integers(30, 400),
+    budget=st.integers(8, 128),
+    caching=st.booleans(),
+)
+def test_windows_past_last_tokens_equal_exact_passes(
+    requests: list[tuple[float, list[int], int]],
+    workers: int,
+    dp_size: int,
+    blocks: int,
+    budget: int,
+    caching: bool,
+) -> None:
+    """Where nothing reacts to a request's end (round robin, an open loop of one-turn
+    sessions), a window that runs past members' last tokens (their ends stamped at
+    their own pass) leaves every record and the token-gap statistics as stepping has
+    them, with the free blocks covering the window or not (then it stops at the first
+    last token); and the finished requests' blocks wait for eviction in the order
+    windows that stop at each last token leave them."""
+    config = EngineConfig(
+        block_size=4,
+        num_gpu_blocks=blocks,
+        max_num_batched_tokens=budget,
+        dp_size=dp_size,
+        enable_prefix_caching=caching,
+    )
+    spec = [(start, [(ids, output, 0.0)]) for start, ids, output in requests]
+    spanning: list[list[int | None]] = []
+    stopping: list[list[int | None]] = []
+    fast = replay(spec, config, workers, None, None, True, span=True, lru=spanning)
+    replay(spec, config, workers, None, None, True, lru=stopping)
+    exact = replay(spec, config, workers, None, None, False)
+    for f, e in zip(fast, exact, strict=True):
+        assert all(same(a, b) for a, b in zip(f, e, strict=True)), (f, e)
+    assert spanning == stopping

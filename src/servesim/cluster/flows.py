@@ -183,8 +183,10 @@ class AggregatedFlow:
                 self._dispatch(policy.request_ended(request.uid, now), now)
         for request in outputs.finished:  # those that ended without a token of this pass
             if ledger.is_open(request.uid):
-                ledger.end(request.uid, now, Terminal.COMPLETED)
-                self._dispatch(policy.request_ended(request.uid, now), now)
+                # (At their last token when a window ran past it.)
+                at = outputs.ended_at.get(request.uid, now)
+                ledger.end(request.uid, at, Terminal.COMPLETED)
+                self._dispatch(policy.request_ended(request.uid, at), at)
         for request in outputs.rejected:
             ledger.end(request.uid, now, Terminal.REJECTED)
             self._dispatch(policy.request_ended(request.uid, now), now)

@@ -142,6 +142,10 @@ class DecodePlan:
         durations: each planned pass's duration (ms, as the clock advances).
         removals: (pass index, hash) of the Removed events the plan's evictions
             publish at the start of that pass (only when KV events are recorded).
+        stretches: when members finish before the plan's last pass (see
+            :meth:`VllmScheduler.plan_decode`), the passes of constant membership
+            as (end pass index, exclusive; members decoding in them), in order;
+            empty: ``members`` decode in every pass.
     """
 
     members: int
@@ -150,6 +154,7 @@ class DecodePlan:
     seconds: list[EngineRequest]
     durations: np.ndarray
     removals: list[tuple[int, int]]
+    stretches: list[tuple[int, int]] = field(default_factory=list)
 
 
 class RankScheduler(Protocol):
@@ -193,8 +198,9 @@ class RankScheduler(Protocol):
         """Up to ``limit`` decode-only passes to fast-forward, or None."""
         ...
 
-    def commit_decode(self, plan: DecodePlan, passes: int, end_ms: float) -> list[EngineRequest]:
-        """Apply a plan's first ``passes`` passes; return the requests that finished."""
+    def commit_decode(self, plan: DecodePlan, pass_ends: np.ndarray) -> list[EngineRequest]:
+        """Apply a plan's first ``len(pass_ends)`` passes, which ended at ``pass_ends``;
+        return the requests that finished, in the order they did."""
         ...
 
     def take_catch_ups(self) -> list[CatchUp]:

@@ -55,6 +55,8 @@ import heapq
 import math
 from collections import deque
 
+import numpy as np
+
 from servesim.config import EngineConfig, Role
 from servesim.engine.kv.block_pool import KvEvent
 from servesim.engine.kv.hashing import generated_block_hash
@@ -284,8 +286,8 @@ class SglangScheduler:
             preemptions=0,
         )
 
-    def commit_decode(self, plan: DecodePlan, passes: int, end_ms: float) -> list[EngineRequest]:
-        """Apply the first ``passes`` passes of ``plan`` (the last ends at ``end_ms``).
+    def commit_decode(self, plan: DecodePlan, pass_ends: np.ndarray) -> list[EngineRequest]:
+        """Apply the first ``len(pass_ends)`` passes of ``plan`` (ended at ``pass_ends``).
 
         The members' page events are visited pass by pass in running order, as
         stepping visits them, so pages, evictions and the radix tree are identical.
@@ -293,7 +295,9 @@ class SglangScheduler:
         Returns:
             The requests that finished in the last applied pass.
         """
+        passes = len(pass_ends)
         last = plan.first_step + passes - 1
+        end_ms = float(pass_ends[-1])
         kv, ps = self.kv, self.block_size
         finished: list[EngineRequest] = []
         steps = self._due_steps

@@ -148,6 +148,9 @@ class VllmScheduler:
         # Members that left the cohort since the last call of take_catch_ups.
         self.catch_ups: list[CatchUp] = []
         self._window_durations: dict[tuple[int, int, int], np.ndarray] = {}
+        # Set by the worker when nothing outside the rank reacts to a request's end before
+        # a window's end: windows may then run past members' last tokens (plan_decode).
+        self.windows_span_finishes = False
         # Per-pass scratch state, reset by execute_pass.
         self._budget = 0
         self._batch = [0, 0, 0]  # prompts scheduled, sum of isl, sum of prefix
@@ -405,9 +408,13 @@ class VllmScheduler:
         member (a steady decoder joins after its next token), the token budget
         covers them all and the pool can give each block boundary a block
         without preempting. The plan stops at the pass in which the first
-        member finishes. Returns None when fewer than two passes qualify (a
-        normal pass is then as cheap). Planning changes nothing: a plan the
-        worker drops (another rank could not plan) leaves no trace.
+        member finishes, unless ``windows_span_finishes`` is set (nothing outside
+        the rank reacts to a request's end before the window is applied) and the
+        free blocks cover every block the members could need: then it runs on to
+        the last member's last token (or ``limit``), in stretches of fewer members
+        (see :meth:`_plan_through_finishes`). Returns None when fewer than two
+        passes qualify (a normal pass is then as cheap). Planning changes nothing:
+        a plan the worker drops (another rank could not plan) leaves no trace.
         """
         running = self.running
         if self.waiting or self._others or not running or len(running) > self._max_tokens:
@@ -417,10 +424,16 @@ class VllmScheduler:
         members, step, bs = self._members, self._step, self.block_size
         n = len(members)
         passes = min(limit, min(r.finish_step for r in members) - step)
+        pool = self.pool
+        if self.windows_span_finishes and pool.events is None:
+            through = min(limit, max(r.finish_step for r in members) - step)
+            # Past the first last token only while the free blocks cover every block the
+            # members could need: no eviction, no preemption, whoever finishes when.
+            if through > passes and n * (through // bs + 1) <= pool.num_free:
+                return self._plan_through_finishes(through)
         # Pass j of the plan (step + 1 + j) gives a member a block when its
         # cohort_base + step + 1 + j is a multiple of bs. Which passes those are
         # matters only if the free blocks may run out (evictions, or preemption).
-        pool = self.pool
         needs: list[int] = []
         if n * (passes // bs + 1) > pool.num_free:
             needs = sorted(
@@ -448,6 +461,40 @@ class VllmScheduler:
             removals=removals,
         )
 
+    def _plan_through_finishes(self, passes: int) -> DecodePlan:
+        """A plan of ``passes`` passes in which members may emit their last token before
+        the last pass: after it, the others decode on, fewer and with less context.
+
+        Each stretch of constant membership is priced as a window of its own is.
+        """
+        step = self._step
+        leaving = sorted((r.finish_step, r.cohort_base) for r in self._members)
+        n, bases = len(leaving), self._sum_base
+        parts: list[np.ndarray] = []
+        stretches: list[tuple[int, int]] = []
+        start = i = 0
+        while start < passes:
+            finish = leaving[i][0]
+            end = min(finish - step, passes)  # the stretch's passes: start..end - 1
+            if end > start:
+                context = bases + n * (step + start + 2)  # the members' lengths before it
+                parts.append(self._decode_durations(n, context, end - start))
+                stretches.append((end, n))
+                start = end
+            while i < len(leaving) and leaving[i][0] == finish:
+                bases -= leaving[i][1]
+                n -= 1
+                i += 1
+        return DecodePlan(
+            members=stretches[0][1],
+            first_step=step + 1,
+            prev_end_ms=self.last_emit_ms,
+            seconds=list(self._fresh),
+            durations=parts[0] if len(parts) == 1 else np.concatenate(parts),
+            removals=[],
+            stretches=stretches,
+        )
+
     def _commit_per_member(self, first: int, last: int) -> list[EngineRequest]:
         """Passes ``first..last`` of the cohort, member by member (see :meth:`commit_decode`)."""
         bs, pool = self.block_size, self.pool
@@ -456,17 +503,18 @@ class VllmScheduler:
         finished = []
         for request in sorted(self._members, key=_admission_order):
             computed_before = request.cohort_base + first
-            computed_after = request.cohort_base + last + 1
+            computed_after = request.cohort_base + min(last, request.finish_step) + 1
             new = -(-computed_after // bs) - len(request.blocks)
             if new > 0:
                 ok = pool.allocate(request.blocks, [], new)
                 assert ok, "the cohort outran the pool"
             if self._caching and computed_after // bs > computed_before // bs:
                 self._cache_blocks(request, computed_before // bs, computed_after // bs)
-            if request.finish_step == last:
+            if request.finish_step <= last:
                 finished.append(request)
             else:
                 self._schedule_due(request, last)
+        finished.sort(key=_finish_order)
         return finished
 
     def _decode_durations(self, batch: int, context: int, passes: int) -> np.ndarray:
@@ -486,8 +534,8 @@ class VllmScheduler:
             self._window_durations[key] = durations
         return durations
 
-    def commit_decode(self, plan: DecodePlan, passes: int, end_ms: float) -> list[EngineRequest]:
-        """Apply the first ``passes`` passes of ``plan`` (the last ends at ``end_ms``).
+    def commit_decode(self, plan: DecodePlan, pass_ends: np.ndarray) -> list[EngineRequest]:
+        """Apply the first ``len(pass_ends)`` passes of ``plan`` (ended at ``pass_ends``).
 
         The members' block boundaries are visited pass by pass, in running
         order, as stepping visits them, so block ids, evictions and KV events
@@ -495,13 +543,19 @@ class VllmScheduler:
         gives each member its blocks at once instead: the blocks evicted are
         the same oldest ones, and only which member holds which id differs.
 
+        Members finish in the pass of their last token, in the order stepping has
+        them (by pass, then running order): with ``stretches``, before the last
+        pass too (the free blocks cover the window, so releasing them last evicts
+        nothing and hands out the same blocks).
+
         Returns:
-            The requests that finished in the last applied pass.
+            The requests that finished, in that order.
         """
-        last = plan.first_step + passes - 1
+        passes = len(pass_ends)
+        first, last = plan.first_step, plan.first_step + passes - 1
         self._fresh = []  # their second tokens are the plan's (see DecodePlan.seconds)
         if self.pool.events is None and passes >= self.block_size:
-            finished = self._commit_per_member(plan.first_step, last)
+            finished = self._commit_per_member(first, last)
         else:
             finished = []
             due_steps = self._due_steps
@@ -509,14 +563,15 @@ class VllmScheduler:
                 step = heapq.heappop(due_steps)
                 for request in self._take_due(step):
                     if step == request.finish_step:
-                        assert step == last, "a plan ends with its first member's last token"
+                        assert step == last or plan.stretches, "a plan ends with a last token"
                         self._block_events(request, step)
                         finished.append(request)
                     else:
                         self._advance_member(request, step)
         self._step = last
         for request in finished:
-            self._leave(request, last, end_ms)
+            step = request.finish_step
+            self._leave(request, step, float(pass_ends[step - first]))
             self._finish(request)
         return finished
 
@@ -1280,3 +1335,7 @@ class VllmScheduler:
 
 def _admission_order(request: EngineRequest) -> int:
     return request.seq
+
+
+def _finish_order(request: EngineRequest) -> tuple[int, int]:
+    return request.finish_step, request.seq

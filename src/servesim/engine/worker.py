@@ -15,6 +15,10 @@ worker's state (a request or a handoff command arriving, see :meth:`cut`):
 then it is applied up to the pass in flight and ends with that pass, at the
 first pass end at or after that moment, where pass-by-pass stepping would
 next start a pass. The state anyone sees is exactly what stepping gives.
+Where nothing reacts to a request's end before then (``windows_span_finishes``:
+round robin, an open loop of one-turn sessions, no telemetry, planner or time
+cap), a window may also run past members' last tokens; their ends carry the
+time of their own pass (:attr:`PassOutputs.ended_at`).
 
 **Published gauges.** With ``gauges`` on (telemetry), the worker keeps what
 the reference's telemetry reads: each rank's counts as they stood after the
@@ -75,6 +79,8 @@ class PassOutputs:
     Attributes:
         emitted: requests that produced one token, stamped at the end.
         finished: requests that reached their output length.
+        ended_at: of those, the ones that did before the end (in a window that ran
+            past their last token), by uid: when.
         rejected: requests dropped because they can never fit.
         cohorts: per rank's decode cohort, (when its members' previous token
             was stamped, how many members, the times of the tokens each of
@@ -89,6 +95,7 @@ class PassOutputs:
 
     emitted: list[EngineRequest] = field(default_factory=list)
     finished: list[EngineRequest] = field(default_factory=list)
+    ended_at: dict[int, float] = field(default_factory=dict)
     rejected: list[EngineRequest] = field(default_factory=list)
     cohorts: list[tuple[float, int, np.ndarray | None]] = field(default_factory=list)
     catch_ups: list[CatchUp] = field(default_factory=list)
@@ -154,7 +161,11 @@ class Worker:
         shared_host: tuple[HostTier, int] | None = None,
         gauges: bool = False,
         fpm: bool = False,
+        windows_span_finishes: bool = False,
     ) -> None:
+        """``windows_span_finishes``: nothing reacts to a request's end before the window
+        it ended in is applied (see :meth:`VllmScheduler.plan_decode`); not with gauges or
+        forward-pass metrics, which count each pass's members."""
         self.worker_id = worker_id
         self.config = config
         self.fast_forward = fast_forward
@@ -171,6 +182,11 @@ class Worker:
             )
             for rank in range(config.dp_size)
         ]
+        if windows_span_finishes:
+            assert not (gauges or fpm), "gauges and FPMs count each pass's members"
+            for rank in self.ranks:
+                if isinstance(rank, VllmScheduler):
+                    rank.windows_span_finishes = True
         if disk is not None:
             for rank in self.ranks:
                 assert isinstance(rank, VllmScheduler), "a disk tier sits under a vLLM host tier"
@@ -486,14 +502,27 @@ class Worker:
             in_flight = members * (passes - ended)
             self._forwards_in_flight = (in_flight, in_flight)
         for rank, plan in window.plans:
-            out.cohorts.append((plan.prev_end_ms, plan.members, times))
+            if plan.stretches:  # members left along the way: one cohort a stretch
+                before, start = plan.prev_end_ms, 0
+                for stop, members in plan.stretches:
+                    stretch = times[start:stop]
+                    if not len(stretch):
+                        break
+                    out.cohorts.append((before, members, stretch))
+                    before, start = float(stretch[-1]), stop
+            else:
+                out.cohorts.append((plan.prev_end_ms, plan.members, times))
             if plan.seconds:
                 out.seconds.append((plan.seconds, float(times[0])))
-            finished = rank.commit_decode(plan, passes, end)
+            finished = rank.commit_decode(plan, times)
             if finished:
                 rank.role.capacity_changed()
                 out.finished += finished
                 out.catch_ups += rank.take_catch_ups()
+                for request in finished if plan.stretches else ():
+                    at = float(times[request.finish_step - plan.first_step])
+                    if at != end:
+                        out.ended_at[request.uid] = at
         if end == self.busy_until:
             return None
         self.busy_until = end

@@ -184,6 +184,10 @@ class BlockPool:
             out.append(h if gone[h] == copies else None)
         return out
 
+    def block_hash(self, block: BlockId) -> BlockHash | None:
+        """The hash a block holds KV under (None: free, or its owner's alone; for tests)."""
+        return self._hash[block]
+
     def lru_order(self) -> list[BlockId]:
         """Inactive blocks, next to be evicted first (for tests and diagnostics)."""
         out: list[BlockId] = []
