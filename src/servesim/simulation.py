@@ -849,11 +849,11 @@ def _flow(
     if not config.disaggregated:
         engine = config.engine
         kv = config.router_mode == "kv_router"
-        # Decode windows may run past a request's last token when nothing reacts to its
-        # end before the window is applied: round robin (no state, no queue), an
-        # admission that releases nothing then, no telemetry, planner or time cap (which
-        # read or cut the run at pass ends), and a plain vLLM engine.
-        span = (
+        # A worker's outputs (tokens, ends) may wait for the window they fall in when
+        # nothing reacts to them before: round robin (no state, no queue), an admission
+        # that releases nothing when a request ends, no telemetry, planner or time cap
+        # (which read or cut the run at pass ends), and a plain vLLM engine.
+        deferred = (
             ends_unobserved
             and fast
             and not kv
@@ -874,7 +874,7 @@ def _flow(
                 gauges=gauges,
                 fpm=fpm,
                 shared_host=clients.of(engine),
-                windows_span_finishes=span,
+                deferred_outputs=deferred,
             )
 
         pool = Pool(

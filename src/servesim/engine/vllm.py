@@ -427,9 +427,7 @@ class VllmScheduler:
         pool = self.pool
         if self.windows_span_finishes and pool.events is None:
             through = min(limit, max(r.finish_step for r in members) - step)
-            # Past the first last token only while the free blocks cover every block the
-            # members could need: no eviction, no preemption, whoever finishes when.
-            if through > passes and n * (through // bs + 1) <= pool.num_free:
+            if through > passes:
                 return self._plan_through_finishes(through)
         # Pass j of the plan (step + 1 + j) gives a member a block when its
         # cohort_base + step + 1 + j is a multiple of bs. Which passes those are
@@ -461,14 +459,31 @@ class VllmScheduler:
             removals=removals,
         )
 
-    def _plan_through_finishes(self, passes: int) -> DecodePlan:
-        """A plan of ``passes`` passes in which members may emit their last token before
-        the last pass: after it, the others decode on, fewer and with less context.
+    def _plan_through_finishes(self, passes: int) -> DecodePlan | None:
+        """A plan of up to ``passes`` passes in which members may emit their last token
+        before the last pass: after it, the others decode on, fewer and with less context.
 
-        Each stretch of constant membership is priced as a window of its own is.
+        Each stretch of constant membership is priced as a window of its own is. The
+        plan stops before a pass whose new blocks the free and evictable blocks could
+        not supply without preempting (counting none of those the members leaving along
+        the way release); None when fewer than two passes remain.
         """
-        step = self._step
-        leaving = sorted((r.finish_step, r.cohort_base) for r in self._members)
+        step, bs, pool = self._step, self.block_size, self.pool
+        members = self._members
+        spare = pool.num_free + pool.num_inactive
+        if len(members) * (passes // bs + 1) > spare:
+            needs = sorted(
+                j
+                for r in members
+                for j in range(
+                    (-(r.cohort_base + step + 1)) % bs, min(passes, r.finish_step - step), bs
+                )
+            )
+            if len(needs) > spare:
+                passes = needs[spare]
+        if passes < 2:
+            return None
+        leaving = sorted((r.finish_step, r.cohort_base) for r in members)
         n, bases = len(leaving), self._sum_base
         parts: list[np.ndarray] = []
         stretches: list[tuple[int, int]] = []
@@ -503,18 +518,17 @@ class VllmScheduler:
         finished = []
         for request in sorted(self._members, key=_admission_order):
             computed_before = request.cohort_base + first
-            computed_after = request.cohort_base + min(last, request.finish_step) + 1
+            computed_after = request.cohort_base + last + 1
             new = -(-computed_after // bs) - len(request.blocks)
             if new > 0:
                 ok = pool.allocate(request.blocks, [], new)
                 assert ok, "the cohort outran the pool"
             if self._caching and computed_after // bs > computed_before // bs:
                 self._cache_blocks(request, computed_before // bs, computed_after // bs)
-            if request.finish_step <= last:
+            if request.finish_step == last:
                 finished.append(request)
             else:
                 self._schedule_due(request, last)
-        finished.sort(key=_finish_order)
         return finished
 
     def _decode_durations(self, batch: int, context: int, passes: int) -> np.ndarray:
@@ -543,36 +557,41 @@ class VllmScheduler:
         gives each member its blocks at once instead: the blocks evicted are
         the same oldest ones, and only which member holds which id differs.
 
-        Members finish in the pass of their last token, in the order stepping has
-        them (by pass, then running order): with ``stretches``, before the last
-        pass too (the free blocks cover the window, so releasing them last evicts
-        nothing and hands out the same blocks).
+        A member finishes in the pass of its last token (with ``stretches``, before
+        the last pass too), after that pass's new blocks and before the next's, as
+        stepping releases its blocks; a plan with stretches is therefore visited
+        pass by pass.
 
         Returns:
-            The requests that finished, in that order.
+            The requests that finished, in the order they did.
         """
         passes = len(pass_ends)
         first, last = plan.first_step, plan.first_step + passes - 1
         self._fresh = []  # their second tokens are the plan's (see DecodePlan.seconds)
-        if self.pool.events is None and passes >= self.block_size:
+        if not plan.stretches and self.pool.events is None and passes >= self.block_size:
             finished = self._commit_per_member(first, last)
-        else:
-            finished = []
-            due_steps = self._due_steps
-            while due_steps and due_steps[0] <= last:
-                step = heapq.heappop(due_steps)
-                for request in self._take_due(step):
-                    if step == request.finish_step:
-                        assert step == last or plan.stretches, "a plan ends with a last token"
-                        self._block_events(request, step)
-                        finished.append(request)
-                    else:
-                        self._advance_member(request, step)
+            self._step = last
+            for request in finished:
+                self._leave(request, last, float(pass_ends[-1]))
+                self._finish(request)
+            return finished
+        finished = []
+        due_steps = self._due_steps
+        while due_steps and due_steps[0] <= last:
+            step = heapq.heappop(due_steps)
+            ending = []
+            for request in self._take_due(step):
+                if step == request.finish_step:
+                    assert step == last or plan.stretches, "a plan ends with a last token"
+                    self._block_events(request, step)
+                    ending.append(request)
+                else:
+                    self._advance_member(request, step)
+            for request in ending:
+                self._leave(request, step, float(pass_ends[step - first]))
+                self._finish(request)
+            finished += ending
         self._step = last
-        for request in finished:
-            step = request.finish_step
-            self._leave(request, step, float(pass_ends[step - first]))
-            self._finish(request)
         return finished
 
     # ----- decode cohort -----
@@ -1335,7 +1354,3 @@ class VllmScheduler:
 
 def _admission_order(request: EngineRequest) -> int:
     return request.seq
-
-
-def _finish_order(request: EngineRequest) -> tuple[int, int]:
-    return request.finish_step, request.seq
