@@ -849,10 +849,10 @@ def _flow(
     if not config.disaggregated:
         engine = config.engine
         kv = config.router_mode == "kv_router"
-        # A worker's outputs (tokens, ends) may wait for the window they fall in when
-        # nothing reacts to them before: round robin (no state, no queue), an admission
-        # that releases nothing when a request ends, no telemetry, planner or time cap
-        # (which read or cut the run at pass ends), and a plain vLLM engine.
+        # A request's end may wait for the window it falls in when nothing reacts to it
+        # before: round robin (no state, no queue), an admission that releases nothing
+        # then, no telemetry, planner or time cap (which read or cut the run at pass
+        # ends), and a plain vLLM engine.
         deferred = (
             ends_unobserved
             and fast
@@ -874,7 +874,7 @@ def _flow(
                 gauges=gauges,
                 fpm=fpm,
                 shared_host=clients.of(engine),
-                deferred_outputs=deferred,
+                deferred_ends=deferred,
             )
 
         pool = Pool(

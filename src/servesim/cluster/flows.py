@@ -158,18 +158,6 @@ class AggregatedFlow:
 
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
-        if outputs.head is not None:
-            # A stepped pass a window followed, as at its end: its requests' states have
-            # moved on since, so its own ``finished`` says which of them ended in it.
-            head, at = outputs.head
-            self._deliver(worker, head, at, {request.uid for request in head.finished})
-        self._deliver(worker, outputs, now, None)
-
-    def _deliver(
-        self, worker: Worker, outputs: PassOutputs, now: float, ended: set[int] | None
-    ) -> None:
-        """A pass's (or window's) outputs at its end ``now``; ``ended``: the requests it
-        ended (None: those now finished)."""
         ledger, policy = self._ledger, self._policy
         ledger.deliver_tokens(outputs, now)
         self._observe(worker, now)
@@ -188,10 +176,9 @@ class AggregatedFlow:
             # also its last (a one-token burst that finishes), completes its prefill.
             burst = tokens.get(request, 1)
             first = ledger.record(request.uid).output_length == burst
-            last = request.status is Status.FINISHED if ended is None else request.uid in ended
-            if first and (burst > 1 or not last):
+            if first and (burst > 1 or request.status is not Status.FINISHED):
                 self._dispatch(policy.prefill_completed(request.uid, now), now)
-            if last:
+            if request.status is Status.FINISHED:
                 ledger.end(request.uid, now, Terminal.COMPLETED)
                 self._dispatch(policy.request_ended(request.uid, now), now)
         for request in outputs.finished:  # those that ended without a token of this pass

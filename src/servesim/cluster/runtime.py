@@ -443,8 +443,11 @@ class Runtime:
         self.ledger = ledger
         self.telemetry = telemetry
         self.now = 0.0
-        # The last timestamp cost was priced at (telemetry-only instants are not priced).
+        # Cost: the provisioned workers (per pool) since _priced_ms, not yet charged, and
+        # the latest instant a run without telemetry has (telemetry-only ones do not count).
         self._priced_ms = 0.0
+        self._priced_counts = tuple(pool.provisioned for pool in flow.pools)
+        self._last_natural = 0.0
         # Pass ends that exist only because a window was split at a sample time.
         self._split_ends: set[tuple[float, Stage, int]] = set()
         # Scaling: the next tick, ticks so far, startups finishing (time, stage, worker
@@ -530,15 +533,26 @@ class Runtime:
         return not self.ledger.in_flight and self.admission.drained()
 
     def _advance(self, upcoming: float) -> None:
-        # Cost integrates the provisioned workers over each clock advance, step by step,
-        # at the timestamps a run without telemetry has (so sampling leaves it unchanged).
+        # Cost charges the provisioned workers from one instant a run without telemetry
+        # has to the next (so sampling leaves it unchanged), at the counts that hold when
+        # the clock leaves it; it is summed only when a count changes (and at the end), so
+        # that how many instants a run visits (its windows) does not move its last bits.
         if self._split_ends and not self._natural(upcoming):
             self.now = upcoming
             return
-        dt = (upcoming - self._priced_ms) / 1000.0
-        for stage, pool in self._pools.items():
-            self._worker_seconds[stage] += dt * pool.provisioned
-        self.now = self._priced_ms = upcoming
+        if self.scaling is not None:
+            counts = tuple(pool.provisioned for pool in self.flow.pools)
+            if counts != self._priced_counts:
+                self._charge(self._last_natural)
+                self._priced_counts = counts
+        self.now = self._last_natural = upcoming
+
+    def _charge(self, until: float) -> None:
+        """Charge the counts priced since ``_priced_ms`` up to ``until``."""
+        dt = (until - self._priced_ms) / 1000.0
+        for pool, count in zip(self.flow.pools, self._priced_counts, strict=True):
+            self._worker_seconds[pool.stage] += dt * count
+        self._priced_ms = until
 
     def _natural(self, at: float) -> bool:
         """Whether the timestamp ``at`` exists without telemetry (not only a split window's end)."""
@@ -654,6 +668,7 @@ class Runtime:
             for worker in pool.workers
             for rank in worker.ranks
         )
+        self._charge(self._last_natural)
         return RunOutcome(
             final_ms=self.now, time_limited=time_limited, worker_seconds=dict(self._worker_seconds)
         )

@@ -15,14 +15,11 @@ worker's state (a request or a handoff command arriving, see :meth:`cut`):
 then it is applied up to the pass in flight and ends with that pass, at the
 first pass end at or after that moment, where pass-by-pass stepping would
 next start a pass. The state anyone sees is exactly what stepping gives.
-Where nothing outside the worker reacts to its outputs before they are
-delivered (``deferred_outputs``: round robin, an open loop of one-turn
-sessions, no telemetry, planner or time cap), a window may also run past
-members' last tokens (their ends carry the time of their own pass,
-:attr:`PassOutputs.ended_at`), and a stepped pass is followed at once by the
-window that starts at its end: the pass's outputs are delivered first, at
-its end (:attr:`PassOutputs.head`), and a request arriving by then drops the
-window.
+Where nothing outside the worker reacts to a request's end before it is
+delivered (``deferred_ends``: round robin, an open loop of one-turn sessions,
+no telemetry, planner or time cap), a window may also run past members' last
+tokens; their ends carry the time of their own pass
+(:attr:`PassOutputs.ended_at`).
 
 **Published gauges.** With ``gauges`` on (telemetry), the worker keeps what
 the reference's telemetry reads: each rank's counts as they stood after the
@@ -95,8 +92,6 @@ class PassOutputs:
             rank, with its time (None: the pass end).
         bursts: whether ``emitted`` may list a request more than once (see
             :class:`~servesim.engine.scheduler.PassResult`).
-        head: the outputs of the stepped pass a window followed, and its end:
-            delivered before these, as at that time.
     """
 
     emitted: list[EngineRequest] = field(default_factory=list)
@@ -107,7 +102,6 @@ class PassOutputs:
     catch_ups: list[CatchUp] = field(default_factory=list)
     seconds: list[tuple[list[EngineRequest], float | None]] = field(default_factory=list)
     bursts: bool = False
-    head: tuple[PassOutputs, float] | None = None
 
 
 @dataclass(slots=True)
@@ -134,10 +128,8 @@ class Worker:
     __slots__ = (
         "_cache_in_flight",
         "_carry",
-        "_deferred",
         "_forwards_in_flight",
         "_fpm_in_flight",
-        "_head",
         "_outputs",
         "_removals",
         "_serial",
@@ -170,12 +162,11 @@ class Worker:
         shared_host: tuple[HostTier, int] | None = None,
         gauges: bool = False,
         fpm: bool = False,
-        deferred_outputs: bool = False,
+        deferred_ends: bool = False,
     ) -> None:
-        """``deferred_outputs``: nothing outside the worker reacts to a pass's outputs (its
-        tokens, the requests it ended) before they are delivered, so windows may run past
-        last tokens and follow a stepped pass at once (see the module docstring); not with
-        gauges or forward-pass metrics, which count each pass's members."""
+        """``deferred_ends``: nothing outside the worker reacts to a request's end before
+        it is delivered, so windows may run past last tokens (see the module docstring);
+        not with gauges or forward-pass metrics, which count each pass's members."""
         self.worker_id = worker_id
         self.config = config
         self.fast_forward = fast_forward
@@ -192,8 +183,7 @@ class Worker:
             )
             for rank in range(config.dp_size)
         ]
-        self._deferred = deferred_outputs and fast_forward
-        if self._deferred:
+        if deferred_ends:
             assert not (gauges or fpm), "gauges and FPMs count each pass's members"
             for rank in self.ranks:
                 if isinstance(rank, VllmScheduler):
@@ -215,8 +205,6 @@ class Worker:
         # Outputs of the pass in flight, or of a window already applied, delivered at its end.
         self._outputs = PassOutputs()
         self._window: _Window | None = None
-        # A window that follows a stepped pass at once: that pass's outputs and end.
-        self._head: tuple[PassOutputs, float] | None = None
         # The latest window's number, how many of its passes happened (or will,
         # uncut), and the Removed events it will publish (taken by the flow).
         self._serial = 0
@@ -304,13 +292,6 @@ class Worker:
         window = self._window
         if window is None:
             return None
-        head = self._head
-        if head is not None and now <= head[1]:
-            # The stepped pass before the window is in flight (or ends now, before anything
-            # comes in): the window never starts.
-            self._window, self._head = None, None
-            self._outputs, self.busy_until = head
-            return self.busy_until
         passes = min(max(1, int(window.ends.searchsorted(now, side="left")) + 1), len(window.ends))
         return self._apply(window, passes, ended=passes - 1)
 
@@ -393,21 +374,7 @@ class Worker:
                 sum(r.cache_tokens[1] for r in results),
             )
         self._take_catch_ups()
-        if self._deferred:
-            self._follow_with_window(self.busy_until)
         return self.busy_until, [admission for r in results for admission in r.admitted]
-
-    def _follow_with_window(self, head_end: float) -> None:
-        """Plan now the window that would start at the end of the stepped pass just
-        started (its outputs wait as the head of the window's)."""
-        if not any(rank.has_work() for rank in self.ranks):
-            return
-        for rank in self.ranks:
-            rank.last_emit_ms = head_end  # as the pass's end sets it: the members' last token
-        if self._start_window(head_end, MAX_WINDOW) is not None:
-            self._head = (self._outputs, head_end)
-            self._outputs = PassOutputs()
-            self._take_catch_ups()
 
     def finish_pass(self) -> PassOutputs:
         """End the pass (or window) in flight and return what it made visible; the worker is idle again."""
@@ -423,7 +390,6 @@ class Worker:
             self.fpm_count += 1
         self.busy_until = None
         out, self._outputs = self._outputs, PassOutputs()
-        out.head, self._head = self._head, None
         if self.published is not None:
             forwards, tokens = self._forwards_in_flight
             self.decode_forwards += forwards
