@@ -8,6 +8,7 @@ difference would move a pass end, so they are compared bit for bit.
 
 from __future__ import annotations
 
+import weakref
 from fractions import Fraction
 from pathlib import Path
 
@@ -112,10 +113,19 @@ def test_decode_durations_from_the_table_are_the_computed_ones(
 
 
 def test_models_of_one_capacity_and_speed_share_their_table() -> None:
-    """Sixteen workers of one engine config hold one table, not sixteen."""
+    """Sixteen workers of one engine config hold one table, not sixteen; it goes with
+    the last model using it (a sweep in one process keeps no run's table)."""
     a, b = PolynomialTiming(4096, 2.0, 1.0), PolynomialTiming(4096, 2.0, 1.0)
     assert a._durations is b._durations
     assert PolynomialTiming(4096, 1.0, 1.0)._durations is not a._durations
+    decode_durations(a, 3, 0, 100)
+    table = weakref.ref(a._durations)
+    del a
+    assert decode_durations(b, 3, 0, 2000).tolist() == (
+        pass_durations(b.decode_series(3, 0, 2000), 2.0).tolist()
+    )
+    del b
+    assert table() is None
 
 
 PROFILE = InterpolatedTiming(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import weakref
 from typing import Any, Protocol
 
 import numpy as np
@@ -68,12 +69,12 @@ class PolynomialTiming:
         self._total = float(total_kv_tokens)
         self.prefill_divisor = speedup if speedup > 0 else 1.0
         self.decode_divisor = self.prefill_divisor * (decode_speedup if decode_speedup > 0 else 1.0)
-        # Rounded decode pass durations by total context tokens, shared by every model
-        # of the same capacity and divisor (see decode_durations).
+        # Rounded decode pass durations by total context tokens, shared by every live
+        # model of the same capacity and divisor (see pass_series).
         key = (total_kv_tokens, self.decode_divisor)
         table = _DURATION_TABLES.get(key)
         if table is None:
-            table = _DURATION_TABLES[key] = _DurationTable(self)
+            table = _DURATION_TABLES[key] = _DurationTable()
         self._durations = table
 
     def prefill_ms(self, batch: int, isl: int, prefix: int) -> float:
@@ -115,6 +116,22 @@ class PolynomialTiming:
         # p is in [0, 1], where the polynomial is at least 5.74: the 1 ms floor never binds.
         return ms
 
+    def pass_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
+        """:func:`pass_durations` of :meth:`decode_series` (``batch`` >= 1, ``first_total``
+        >= 0), sliced from the shared table of durations by total context, read-only."""
+        last = first_total + (passes - 1) * batch
+        capacity = int(self._total)
+        table = self._durations.upto(min(last, capacity), self)
+        if last <= capacity:
+            return table[first_total : last + 1 : batch]
+        # Steps past the capacity all cost what a full cache does.
+        out = np.full(passes, table[capacity])
+        if first_total <= capacity:
+            within = (capacity - first_total) // batch + 1
+            out[:within] = table[first_total : capacity + 1 : batch]
+        out.flags.writeable = False
+        return out
+
 
 class _DurationTable:
     """A polynomial model's rounded decode pass durations for totals 0, 1, 2, ... tokens
@@ -126,18 +143,17 @@ class _DurationTable:
     the fraction ``p`` stays at 1).
     """
 
-    __slots__ = ("_model", "values")
+    __slots__ = ("__weakref__", "values")
 
-    def __init__(self, model: PolynomialTiming) -> None:
-        self._model = model
+    def __init__(self) -> None:
         self.values = np.empty(0)
 
-    def upto(self, total: int) -> np.ndarray:
-        """The durations of totals ``0..total`` (and maybe more), read-only."""
+    def upto(self, total: int, model: PolynomialTiming) -> np.ndarray:
+        """The durations of totals ``0..total`` (and maybe more), read-only, computing
+        those missing with ``model`` (any of the models sharing the table)."""
         have = len(self.values)
         if total >= have:
             grown = max(total + 1, 2 * have, 1024)
-            model = self._model
             more = pass_durations(model.decode_series(1, have, grown - have), model.decode_divisor)
             values = np.concatenate((self.values, more))
             values.flags.writeable = False
@@ -145,7 +161,10 @@ class _DurationTable:
         return self.values
 
 
-_DURATION_TABLES: dict[tuple[int, float], _DurationTable] = {}
+# The tables of the models alive (a sweep in one process frees each run's).
+_DURATION_TABLES: weakref.WeakValueDictionary[tuple[int, float], _DurationTable] = (
+    weakref.WeakValueDictionary()
+)
 
 
 def decode_durations(timing: TimingModel, batch: int, first_total: int, passes: int) -> np.ndarray:
@@ -155,22 +174,9 @@ def decode_durations(timing: TimingModel, batch: int, first_total: int, passes: 
     The polynomial model reads them from its table (a window costs one slice instead
     of some twenty array operations); the others compute them.
     """
-    if not isinstance(timing, PolynomialTiming) or batch < 1 or first_total < 0:
-        return pass_durations(
-            timing.decode_series(batch, first_total, passes), timing.decode_divisor
-        )
-    last = first_total + (passes - 1) * batch
-    capacity = int(timing._total)
-    table = timing._durations.upto(min(last, capacity))
-    if last <= capacity:
-        return table[first_total : last + 1 : batch]
-    # Steps past the capacity all cost what a full cache does.
-    out = np.full(passes, table[capacity])
-    if first_total <= capacity:
-        within = (capacity - first_total) // batch + 1
-        out[:within] = table[first_total : capacity + 1 : batch]
-    out.flags.writeable = False
-    return out
+    if isinstance(timing, PolynomialTiming) and batch >= 1 and first_total >= 0:
+        return timing.pass_series(batch, first_total, passes)
+    return pass_durations(timing.decode_series(batch, first_total, passes), timing.decode_divisor)
 
 
 class FixedTiming:

@@ -409,10 +409,9 @@ class VllmScheduler:
         covers them all and the pool can give each block boundary a block
         without preempting. The plan stops at the pass in which the first
         member finishes, unless ``windows_span_finishes`` is set (nothing outside
-        the rank reacts to a request's end before the window is applied) and the
-        free blocks cover every block the members could need: then it runs on to
-        the last member's last token (or ``limit``), in stretches of fewer members
-        (see :meth:`_plan_through_finishes`). Returns None when fewer than two
+        the rank reacts to a request's end before the window is applied): then it
+        runs on towards the last member's last token, in stretches of fewer
+        members (see :meth:`_plan_through_finishes`). Returns None when fewer than two
         passes qualify (a normal pass is then as cheap). Planning changes nothing:
         a plan the worker drops (another rank could not plan) leaves no trace.
         """
