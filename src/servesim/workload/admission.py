@@ -74,7 +74,12 @@ class AdmissionQueue:
         self._delay_speedup = 1.0 if concurrency is not None else speedup
         # (ready, session, turn): turns ready at the same instant go out in session order,
         # as the reference's ready-session heap orders them (not in completion order).
+        # An open loop's first turns are known up front: they wait in a sorted list, read
+        # from _next_start on (a heap of all of them costs a sift per release); the heap
+        # holds the turns readied since.
         self._heap: list[tuple[float, int, int]] = []
+        self._starts: list[tuple[float, int, int]] = []
+        self._next_start = 0
         self._inactive: deque[int] = deque()
         self._active = 0
         self._remaining_sessions = len(sessions)
@@ -82,19 +87,21 @@ class AdmissionQueue:
             starts = [s.start_ms for s in sessions]
             assert all(t is not None for t in starts), "open-loop sessions need start times"
             origin = min(t for t in starts if t is not None)
-            order = sorted(range(len(sessions)), key=lambda i: starts[i])  # type: ignore[arg-type, return-value]
-            for i in order:
-                start = sessions[i].start_ms
-                assert start is not None
-                self._push((start - origin) / speedup, i, 0)
+            self._starts = sorted(
+                ((start - origin) / speedup, i, 0)
+                for i, start in enumerate(starts)
+                if start is not None
+            )
         else:
             self._inactive.extend(range(len(sessions)))
+        self._starts.append((math.inf, len(sessions), 0))  # a sentinel: never released
 
     def next_ready_ms(self, now: float) -> float:
         """Earliest time something can be released (``now`` if a closed-loop slot is free)."""
         if self._inactive and self._concurrency is not None and self._active < self._concurrency:
             return now
-        return self._heap[0][0] if self._heap else math.inf
+        start = self._starts[self._next_start][0]
+        return min(start, self._heap[0][0]) if self._heap else start
 
     def release(self, now: float) -> list[Released]:
         """Requests ready at or before ``now``, in release order."""
@@ -103,10 +110,19 @@ class AdmissionQueue:
                 self._active += 1
                 self._push(now, self._inactive.popleft(), 0)
         out = []
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            _, session, turn = heapq.heappop(heap)
-            out.append(Released(self._sessions[session].turns[turn], session, now))
+        heap, starts, sessions = self._heap, self._starts, self._sessions
+        while True:
+            start = starts[self._next_start]
+            if heap and heap[0] < start:
+                if heap[0][0] > now:
+                    break
+                _, session, turn = heapq.heappop(heap)
+            elif start[0] <= now:
+                _, session, turn = start
+                self._next_start += 1
+            else:
+                break
+            out.append(Released(sessions[session].turns[turn], session, now))
         return out
 
     def on_finished(self, released: Released, now: float) -> None:
