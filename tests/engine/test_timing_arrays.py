@@ -20,6 +20,8 @@ from servesim.engine.timing import (
     InterpolatedTiming,
     PolynomialTiming,
     _exact_ns,
+    _round_ns,
+    _round_ns_array,
     decode_durations,
     pass_duration,
     pass_durations,
@@ -50,6 +52,41 @@ DIVISORS = st.sampled_from([1.0, 0.5, 1.5, 2.0, 3.0, 7.0])
 def test_exact_rounding_is_the_fractions_rounding(seconds: float) -> None:
     """Integer rounding on the float's exact value equals Fraction's, ties to even included."""
     assert _exact_ns(seconds) == round(Fraction(seconds) * 1_000_000_000)
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(-1e6, 1e6),
+            HALF_NS.map(lambda ms: ms / 1000.0),
+            HALF_NS.map(lambda ms: float(np.nextafter(ms / 1000.0, -np.inf))),
+            HALF_NS.map(lambda ms: float(np.nextafter(ms / 1000.0, np.inf))),
+            st.builds(lambda n, k: n / 2.0**k, st.integers(-(2**30), 2**30), st.integers(0, 45)),
+        ),
+        max_size=30,
+    )
+)
+def test_array_rounding_is_the_scalar_rounding(seconds: list[float]) -> None:
+    """Values near a half nanosecond are decided element-wise on their exact products
+    (two-product, no Python loop), as the scalar path decides them in integers."""
+    assert _round_ns_array(np.array(seconds, dtype=np.float64)).tolist() == [
+        float(_round_ns(s)) for s in seconds
+    ]
+
+
+def test_array_rounding_breaks_ties_to_even() -> None:
+    """Exact halves, of either parity and sign, and their neighbours a float away."""
+    halves = [1 / 1024, 3 / 1024, -1 / 1024, -3 / 1024, 5 / 1024]
+    values = halves + [float(np.nextafter(h, np.inf)) for h in halves]
+    values += [float(np.nextafter(h, -np.inf)) for h in halves]
+    assert _round_ns_array(np.array(values)).tolist() == [float(_exact_ns(v)) for v in values]
+    assert _round_ns_array(np.array(halves)).tolist() == [
+        976_562.0,
+        2_929_688.0,
+        -976_562.0,
+        -2_929_688.0,
+        4_882_812.0,
+    ]
 
 
 def test_exact_rounding_breaks_ties_to_even() -> None:
