@@ -358,16 +358,30 @@ class KvRouter:
             self._shared_count[target] -= before - len(shared)
 
     def _already_active(self, request: RouteRequest) -> dict[int, int]:
-        """Per target, how many of the request's blocks are active there."""
+        """Per target, how many of the request's blocks are active there.
+
+        A hash names its block and the whole prefix before it, and an active request's
+        hashes are a prefix of its chain, so a target's active blocks among the request's
+        are a prefix of them too: found by bisection, target by target, from the targets
+        where its first block is active (not by a walk over every hash and target).
+        """
         counts: dict[int, int] = {}
+        hashes = request.hashes
+        if not hashes:
+            return counts
         get = self._active_on.get
-        for h in request.hashes:
-            mask = get(h, 0)
-            while mask:
-                low = mask & -mask
-                target = low.bit_length() - 1
-                counts[target] = counts.get(target, 0) + 1
-                mask ^= low
+        mask = get(hashes[0], 0)
+        while mask:
+            bit = mask & -mask
+            mask ^= bit
+            held, beyond = 1, len(hashes) + 1  # hashes[:held] are active there, [:beyond] not
+            while beyond - held > 1:
+                middle = (held + beyond) // 2
+                if get(hashes[middle - 1], 0) & bit:
+                    held = middle
+                else:
+                    beyond = middle
+            counts[bit.bit_length() - 1] = held
         return counts
 
     def _choose(self, costs: np.ndarray) -> int:
