@@ -96,6 +96,19 @@ class Placement:
     cached_tokens: int
 
 
+def _active_prefix(hashes: list[int], active: dict[int, int]) -> int:
+    """How many of ``hashes`` (a chain) lead it in ``active`` (closed under prefixes), by
+    bisection."""
+    held, beyond = 0, len(hashes) + 1  # hashes[:held] are all active, hashes[:beyond] not
+    while beyond - held > 1:
+        middle = (held + beyond) // 2
+        if hashes[middle - 1] in active:
+            held = middle
+        else:
+            beyond = middle
+    return held
+
+
 def round_half_away(value: float) -> int:
     """``value`` (not negative) rounded to the nearest integer, halves up (Rust's ``f64::round``)."""
     whole = math.floor(value)
@@ -128,8 +141,11 @@ class KvRouter:
         self._rng = rng
         # Per target: uncached prompt tokens whose prefill has not completed, active
         # blocks no other request shares, active requests, and (with
-        # router_assume_kv_reuse) active shared hash -> requests holding it, and how
-        # many such hashes.
+        # router_assume_kv_reuse) its active shared hashes and how many there are.
+        # Those hashes form a forest (a hash's parent is the block before it in every
+        # chain that holds it); each maps to its active children plus the active requests
+        # whose hashes end there, so a request adds and removes only the blocks that
+        # become active or inactive, not every block of its prefix.
         self._prefill = np.zeros(targets, dtype=np.int64)
         self._unique = np.zeros(targets, dtype=np.int64)
         self._requests = np.zeros(targets, dtype=np.int64)
@@ -140,8 +156,7 @@ class KvRouter:
         self._active: dict[int, _Active] = {}
         # The targets requests may go to (None: all; a planner changes the set).
         self._eligible: np.ndarray | None = None
-        # Shared hash -> bit mask of the targets where it is active, so a request finds
-        # its blocks already active per target in one pass over its hashes.
+        # Shared hash -> bit mask of the targets where it is active (see _already_active).
         self._active_on: dict[int, int] = {}
 
     @property
@@ -313,15 +328,18 @@ class KvRouter:
             hashes = request.hashes if shared is not None else []
             unique = request.isl // self.block_size - len(hashes)
             self._unique[target] += unique
-            if shared is not None:
-                bit = 1 << target
-                before = len(shared)
-                for h in hashes:
-                    held = shared.get(h, 0)
-                    shared[h] = held + 1
-                    if not held:
-                        self._active_on[h] = self._active_on.get(h, 0) | bit
-                self._shared_count[target] += len(shared) - before
+            if shared is not None and hashes:
+                # The blocks already active there are a prefix (see _already_active):
+                # the rest hang below its last one, each the parent of the next.
+                held = _active_prefix(hashes, shared)
+                if held:
+                    shared[hashes[held - 1]] += 1  # a new child, or (all held) an end
+                if held < len(hashes):
+                    bit, active_on = 1 << target, self._active_on
+                    for h in hashes[held:]:
+                        shared[h] = 1  # its child, or (the last) the request's end
+                        active_on[h] = active_on.get(h, 0) | bit
+                    self._shared_count[target] += len(hashes) - held
         self._active[request.uid] = _Active(target, prefill_tokens, hashes, unique)
 
     def prefill_completed(self, uid: int) -> None:
@@ -341,21 +359,25 @@ class KvRouter:
         self._requests[target] -= 1
         self._unique[target] -= active.unique_blocks
         if self._shared is not None:
-            shared = self._shared[target]
-            before = len(shared)
-            bit = 1 << target
-            for h in active.hashes:
+            # From its end up: a block with no request ending there and no active child
+            # left becomes inactive, and its parent loses a child.
+            shared, hashes = self._shared[target], active.hashes
+            bit, active_on = 1 << target, self._active_on
+            index = len(hashes) - 1
+            while index >= 0:
+                h = hashes[index]
                 left = shared[h] - 1
                 if left:
                     shared[h] = left
-                    continue
+                    break
                 del shared[h]
-                mask = self._active_on[h] & ~bit
+                mask = active_on[h] & ~bit
                 if mask:
-                    self._active_on[h] = mask
+                    active_on[h] = mask
                 else:
-                    del self._active_on[h]
-            self._shared_count[target] -= before - len(shared)
+                    del active_on[h]
+                index -= 1
+            self._shared_count[target] -= len(hashes) - 1 - index
 
     def _already_active(self, request: RouteRequest) -> dict[int, int]:
         """Per target, how many of the request's blocks are active there.
@@ -366,22 +388,15 @@ class KvRouter:
         where its first block is active (not by a walk over every hash and target).
         """
         counts: dict[int, int] = {}
-        hashes = request.hashes
-        if not hashes:
+        hashes, shared = request.hashes, self._shared
+        if not hashes or shared is None:  # (no shared blocks are tracked without it)
             return counts
-        get = self._active_on.get
-        mask = get(hashes[0], 0)
+        mask = self._active_on.get(hashes[0], 0)
         while mask:
             bit = mask & -mask
             mask ^= bit
-            held, beyond = 1, len(hashes) + 1  # hashes[:held] are active there, [:beyond] not
-            while beyond - held > 1:
-                middle = (held + beyond) // 2
-                if get(hashes[middle - 1], 0) & bit:
-                    held = middle
-                else:
-                    beyond = middle
-            counts[bit.bit_length() - 1] = held
+            target = bit.bit_length() - 1
+            counts[target] = _active_prefix(hashes, shared[target])
         return counts
 
     def _choose(self, costs: np.ndarray) -> int:
