@@ -267,12 +267,61 @@ def test_check_catches_a_double_release_of_a_shared_prefix() -> None:
         pool.check([a])
 
 
-def test_check_catches_an_inactive_block_that_is_still_referenced() -> None:
-    """A block in the LRU would be evicted from under its owner."""
-    pool, a, _ = shared_prefix_state()
-    pool._lru[a[0]] = None
-    with pytest.raises(AssertionError, match="block 0 has 2 references but is in the LRU"):
+def test_check_catches_an_lru_entry_its_block_does_not_count() -> None:
+    """An entry a block does not count would be taken for its live one: the block evicted
+    from its older place in the LRU, out of order."""
+    pool, a, b = shared_prefix_state()
+    shared = a[1]
+    pool.release(b)
+    pool.release(a)
+    pool._queue.appendleft(shared)
+    with pytest.raises(AssertionError, match="a block's queue entries are miscounted"):
         pool.check()
+
+
+def test_a_prefix_hit_leaves_a_stale_entry_that_eviction_skips() -> None:
+    """A hashed block taken back from the LRU by a prefix hit and released again is evicted
+    from its new place: its old entry, now stale, is passed over."""
+    pool, _ = make_pool(4)
+    a: list[int] = []
+    pool.allocate(a, [], 2)
+    pool.cache(a, [11, 12], 0, 2)
+    pool.release(a)  # LRU: 1, 0 (chain tail first)
+    c: list[int] = []
+    pool.allocate(c, [], 2)  # the two never-used ids, 2 and 3
+    pool.cache(c, [21, 22], 0, 2)
+    pool.release(c)  # LRU: 1, 0, 3, 2
+    b: list[int] = []
+    assert pool.allocate(b, [11], 0)  # block 0 taken back: its entry goes stale
+    pool.release(b)  # LRU: 1, 3, 2, 0 (block 0 queued again, at the tail)
+    assert pool.lru_order() == [1, 3, 2, 0]
+    assert list(pool._queue) == [1, 0, 3, 2, 0]
+    pool.check()
+    d: list[int] = []
+    assert pool.allocate(d, [], 3)
+    assert d == [1, 3, 2]  # block 0's stale entry was passed over, not evicted
+    assert pool.lru_order() == [0]
+    pool.check([d])
+
+
+def test_stale_entries_are_swept_once_they_outnumber_live_ones() -> None:
+    """A hot prefix taken back and released thousands of times leaves an entry each time;
+    the queue is rebuilt from its live entries before they pile up, order kept."""
+    pool, _ = make_pool(8)
+    a: list[int] = []
+    pool.allocate(a, [], 3)
+    pool.cache(a, [11, 12, 13], 0, 3)
+    pool.release(a)  # LRU: 2, 1, 0
+    for _ in range(3000):
+        hot: list[int] = []
+        assert pool.allocate(hot, [11, 12], 0)
+        pool.release(hot)  # 1, 0 go stale at their old places and are queued again
+        assert len(pool._queue) <= 2 * pool.num_inactive + 4096 + 2
+    assert pool.lru_order() == [2, 1, 0]
+    pool.check()
+    taken: list[int] = []
+    assert pool.allocate(taken, [], 8)
+    assert taken == [3, 4, 5, 6, 7, 2, 1, 0]
 
 
 def test_check_catches_a_stale_hash_index_entry() -> None:
@@ -281,7 +330,9 @@ def test_check_catches_a_stale_hash_index_entry() -> None:
     pool.release(b)
     pool.release(a)
     block = pool.lru_order()[0]
-    del pool._lru[block]
+    assert pool._queue.popleft() == block
+    pool._queued[block] -= 1
+    pool._inactive -= 1
     pool._free.append(block)  # freed by hand, its hash still indexed
     with pytest.raises(AssertionError, match=f"free block {block} still carries a hash"):
         pool.check()

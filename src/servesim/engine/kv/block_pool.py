@@ -13,6 +13,13 @@ enter the LRU as one *run* (a single entry holding their ids), evicted as a
 whole or in part, and the rest go back to the free list; no per-block work is
 done for them beyond moving their ids in bulk.
 
+The LRU is a queue of block ids and run keys, oldest first. A hashed block
+taken back from it by a prefix hit leaves its entry behind, stale: an entry is
+live only while it is its block's newest and the block has no references
+(:meth:`_live`), and eviction pops stale entries as it meets them. (An ordered
+dict, removing from the middle, cost three times as much per block released and
+evicted.) Stale entries are dropped in one sweep once they outnumber live ones.
+
 Per-block state grows with the block ids handed out, not with the capacity:
 never-used ids come from a counter, before ids that were used and freed. Several cached copies may carry the
 same hash (two requests that computed the same block at once); each uses
@@ -33,8 +40,8 @@ evicted. Nothing is emitted on release or on a prefix hit.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 BlockId = int
@@ -76,10 +83,12 @@ class BlockPool:
         "_free_head",
         "_hash",
         "_inactive",
-        "_lru",
         "_next_id",
         "_next_run",
+        "_queue",
+        "_queued",
         "_refs",
+        "_runs",
         "capacity",
         "events",
     )
@@ -93,16 +102,19 @@ class BlockPool:
         self._next_id = 0
         self._free: list[BlockId] = []
         self._free_head = 0
-        # Per-block state, for ids handed out so far; _refs is meaningful for hashed blocks.
+        # Per-block state, for ids handed out so far; _refs is meaningful for hashed blocks,
+        # _queued counts a block's entries in the LRU queue (live or stale).
         self._hash: list[BlockHash | None] = []
         self._refs: list[int] = []
+        self._queued: list[int] = []
         # First copy of each visible hash; further copies (rare) in _extra_copies.
         # One int per hash, not a list, keeps caching and eviction allocation-free.
         self._by_hash: dict[BlockHash, BlockId] = {}
         self._extra_copies: dict[BlockHash, list[BlockId]] = {}
-        # Oldest first: a hashed block (key = its id, value None) or a run of a request's
-        # own blocks (key < 0, value = their ids). O(1) removal from the middle and the head.
-        self._lru: OrderedDict[int, list[BlockId] | None] = OrderedDict()
+        # Oldest first: a hashed block (its id) or a run of a request's own blocks (a key
+        # < 0 into _runs, their ids oldest first). _inactive counts the live blocks.
+        self._queue: deque[int] = deque()
+        self._runs: dict[int, list[BlockId]] = {}
         self._inactive = 0
         self._next_run = -1
         # Computed runs that went to the free list's tail (see release): cached blocks
@@ -171,7 +183,7 @@ class BlockPool:
         block_hash, extra = self._hash, self._extra_copies
         gone: dict[BlockHash, int] = {}
         out: list[BlockHash | None] = []
-        for key, run in self._lru.items():
+        for key, run in self._live():
             if len(out) >= count:
                 break
             if run is not None:
@@ -191,9 +203,27 @@ class BlockPool:
     def lru_order(self) -> list[BlockId]:
         """Inactive blocks, next to be evicted first (for tests and diagnostics)."""
         out: list[BlockId] = []
-        for key, run in self._lru.items():
+        for key, run in self._live():
             out += [key] if run is None else run
         return out
+
+    def _live(self) -> Iterator[tuple[int, list[BlockId] | None]]:
+        """The LRU's live entries, oldest first: (block, None) or (run key, its blocks).
+
+        A block's entry is live when it is the block's newest and the block is
+        unreferenced: a prefix hit left the older ones behind (the block active
+        again, or released since under a newer entry).
+        """
+        refs, queued, runs = self._refs, self._queued, self._runs
+        seen: dict[int, int] = {}
+        for key in self._queue:
+            if key < 0:
+                yield key, runs[key]
+                continue
+            n = seen.get(key, 0) + 1
+            seen[key] = n
+            if n == queued[key] and not refs[key]:
+                yield key, None
 
     # ----- mutations -----
 
@@ -204,16 +234,15 @@ class BlockPool:
         prefix reuses) cannot supply ``num_new`` blocks, nothing changes and
         the call returns False, so the caller can preempt and retry.
         """
-        lru, refs = self._lru, self._refs
+        refs = self._refs
         picks = [self._by_hash[h] for h in prefix]  # each hash's first cached copy
         shortfall = num_new - self.num_free
         if shortfall > 0:
-            pinned_inactive = sum(1 for b in picks if b in lru)
+            pinned_inactive = sum(1 for b in picks if not refs[b])  # in the LRU
             if shortfall > self._inactive - pinned_inactive:
                 return False
         for block in picks:
-            if refs[block] == 0:
-                del lru[block]
+            if refs[block] == 0:  # out of the LRU: its entry there goes stale
                 self._inactive -= 1
             refs[block] += 1
             table.append(block)
@@ -232,6 +261,7 @@ class BlockPool:
             self._next_id = block + 1
             self._hash.append(None)
             self._refs.append(0)
+            self._queued.append(0)
         elif self._free_head < len(self._free):
             block = self._free[self._free_head]
             self._free_head += 1
@@ -260,6 +290,7 @@ class BlockPool:
             self._next_id = start + fresh
             self._hash += [None] * fresh
             self._refs += [0] * fresh
+            self._queued += [0] * fresh
             taken = list(range(start, start + fresh))
             if fresh == count:
                 return taken
@@ -329,15 +360,16 @@ class BlockPool:
                 enter the LRU as one run; the rest are freed.
             cached_to: see ``exclusive_from``.
         """
-        refs, block_hash, lru, free = self._refs, self._hash, self._lru, self._free
+        refs, block_hash, queue, free = self._refs, self._hash, self._queue, self._free
         start = len(table) if exclusive_from is None else min(exclusive_from, len(table))
         if start < len(table):
             cached = max(start, min(cached_to, len(table)))
             free += table[: cached - 1 : -1] if cached else table[::-1]
             if cached > start:
                 run = table[cached - 1 : start - 1 : -1] if start else table[cached - 1 :: -1]
-                if lru:
-                    lru[self._next_run] = run
+                if self._inactive:
+                    self._runs[self._next_run] = run
+                    queue.append(self._next_run)
                     self._next_run -= 1
                     self._inactive += cached - start
                 else:
@@ -350,6 +382,7 @@ class BlockPool:
                         runs.popleft()
                     runs.append((end - len(run), end))
         inactive = 0
+        queued = self._queued
         for block in table[start - 1 :: -1] if start else ():
             if block_hash[block] is None:
                 free.append(block)  # private
@@ -357,10 +390,13 @@ class BlockPool:
             left = refs[block] - 1
             refs[block] = left
             if not left:
-                lru[block] = None
+                queue.append(block)
+                queued[block] += 1
                 inactive += 1
         self._inactive += inactive
         table.clear()
+        if len(queue) > 2 * self._inactive + 4096:
+            self._drop_stale()
 
     def check(self, tables: Iterable[Sequence[BlockId]] | None = None) -> None:
         """Assert the pool's invariants (tests call this after every step).
@@ -383,9 +419,22 @@ class BlockPool:
 
         Costs O(blocks handed out + blocks in tables); the hot path keeps no extra state.
         """
-        handed, refs, block_hash, lru = self._next_id, self._refs, self._hash, self._lru
+        handed, refs, block_hash = self._next_id, self._refs, self._hash
         assert 0 <= handed <= self.capacity
-        assert len(refs) == len(block_hash) == handed
+        assert len(refs) == len(block_hash) == len(self._queued) == handed
+        entries: dict[int, int] = {}
+        for key in self._queue:
+            if key >= 0:
+                entries[key] = entries.get(key, 0) + 1
+        assert all(self._queued[b] == entries.get(b, 0) for b in range(handed)), (
+            "a block's queue entries are miscounted"
+        )
+        assert sorted(k for k in self._queue if k < 0) == sorted(self._runs), (
+            "the queue's runs and the run table disagree"
+        )
+        live = list(self._live())
+        lru = dict(live)
+        assert len(lru) == len(live), "a block is live in the LRU twice"
         free = self._free[self._free_head :]
         free_set = set(free)
         assert len(free_set) == len(free), "a block is on the free list twice"
@@ -456,23 +505,28 @@ class BlockPool:
 
         Hashes whose last copy goes are published as one Removed event.
         """
-        lru, block_hash, by_hash = self._lru, self._hash, self._by_hash
-        extra = self._extra_copies
-        popitem = lru.popitem
+        queue, runs, block_hash, by_hash = self._queue, self._runs, self._hash, self._by_hash
+        refs, queued, extra = self._refs, self._queued, self._extra_copies
+        popleft = queue.popleft
         evicted: list[BlockId] = []
         removed: list[BlockHash] = []
         self._inactive -= count
         while count:
-            key, run = popitem(False)
-            if run is not None:
+            key = popleft()
+            if key < 0:
+                run = runs.pop(key)
                 if len(run) > count:
                     evicted += run[:count]
-                    lru[key] = run[count:]
-                    lru.move_to_end(key, last=False)
+                    runs[key] = run[count:]
+                    queue.appendleft(key)
                     break
                 evicted += run
                 count -= len(run)
                 continue
+            left = queued[key] - 1
+            queued[key] = left
+            if left or refs[key]:
+                continue  # stale: a prefix hit took it back (and it may be queued again)
             count -= 1
             h = block_hash[key]
             block_hash[key] = None
@@ -485,6 +539,18 @@ class BlockPool:
         if removed and self.events is not None:
             self.events.append(KvRemoved(tuple(removed)))
         return evicted
+
+    def _drop_stale(self) -> None:
+        """Rebuild the queue from its live entries, in order."""
+        live = list(self._live())
+        queued = self._queued
+        for key in self._queue:
+            if key >= 0:
+                queued[key] = 0
+        for key, run in live:
+            if run is None:
+                queued[key] = 1
+        self._queue = deque(key for key, _ in live)
 
     def _forget_copy(self, h: BlockHash, block: BlockId) -> None:
         """Drop one of several copies of ``h``; the hash stays visible."""
