@@ -317,14 +317,13 @@ class BlockPool:
         by_hash = self._by_hash
         events = self.events
         if events is None:
+            first_copy = by_hash.setdefault  # one look-up of the (large) index, not two
             for block, h in zip(table[start:end], hashes[start:end], strict=True):
                 if block_hash[block] is None:
                     block_hash[block] = h
                     refs[block] = 1
-                    if h in by_hash:
+                    if first_copy(h, block) != block:
                         self._extra_copies.setdefault(h, []).append(block)
-                    else:
-                        by_hash[h] = block
             return
         run: list[BlockHash] = []
         run_parent: BlockHash | None = None
