@@ -48,7 +48,7 @@ BlockId = int
 BlockHash = int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: several a pass, and a frozen init costs 3.7x
 class KvStored:
     """Blocks whose hashes became visible, chained after ``parent``.
 
@@ -60,7 +60,7 @@ class KvStored:
     host: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen (see KvStored)
 class KvRemoved:
     """Hashes no longer held by any block (of the host tier, with ``host``)."""
 
