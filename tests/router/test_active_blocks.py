@@ -86,7 +86,7 @@ def test_active_blocks_are_the_union_of_active_requests(steps: list[tuple[object
         for t in range(TARGETS):
             assert set(router._shared[t]) == union[t]
             assert int(router._shared_count[t]) == len(union[t])
-        holders = {
-            h: sum(1 << t for t in range(TARGETS) if h in union[t]) for h in set().union(*union)
+        roots = {hs[0] for _, hs in active.values() if hs}
+        assert router._root_on == {
+            root: sum(1 << t for t in range(TARGETS) if root in union[t]) for root in roots
         }
-        assert router._active_on == holders

@@ -167,4 +167,4 @@ def test_a_placement_loads_and_a_free_unloads_the_arrays() -> None:
         router.free(uid)
     assert router._prefill.tolist() == router._requests.tolist() == [0, 0, 0]
     assert router._unique.tolist() == router._shared_count.tolist() == [0, 0, 0]
-    assert router._active_on == {}
+    assert router._root_on == {}

@@ -156,8 +156,9 @@ class KvRouter:
         self._active: dict[int, _Active] = {}
         # The targets requests may go to (None: all; a planner changes the set).
         self._eligible: np.ndarray | None = None
-        # Shared hash -> bit mask of the targets where it is active (see _already_active).
-        self._active_on: dict[int, int] = {}
+        # A request's first shared hash -> bit mask of the targets where it is active: where
+        # to look for the request's active prefix (see _already_active).
+        self._root_on: dict[int, int] = {}
 
     @property
     def targets(self) -> int:
@@ -334,11 +335,11 @@ class KvRouter:
                 held = _active_prefix(hashes, shared)
                 if held:
                     shared[hashes[held - 1]] += 1  # a new child, or (all held) an end
+                else:
+                    root = hashes[0]
+                    self._root_on[root] = self._root_on.get(root, 0) | 1 << target
                 if held < len(hashes):
-                    bit, active_on = 1 << target, self._active_on
-                    for h in hashes[held:]:
-                        shared[h] = 1  # its child, or (the last) the request's end
-                        active_on[h] = active_on.get(h, 0) | bit
+                    shared.update(dict.fromkeys(hashes[held:], 1))  # a child each, the last an end
                     self._shared_count[target] += len(hashes) - held
         self._active[request.uid] = _Active(target, prefill_tokens, hashes, unique)
 
@@ -362,7 +363,6 @@ class KvRouter:
             # From its end up: a block with no request ending there and no active child
             # left becomes inactive, and its parent loses a child.
             shared, hashes = self._shared[target], active.hashes
-            bit, active_on = 1 << target, self._active_on
             index = len(hashes) - 1
             while index >= 0:
                 h = hashes[index]
@@ -371,13 +371,15 @@ class KvRouter:
                     shared[h] = left
                     break
                 del shared[h]
-                mask = active_on[h] & ~bit
-                if mask:
-                    active_on[h] = mask
-                else:
-                    del active_on[h]
                 index -= 1
             self._shared_count[target] -= len(hashes) - 1 - index
+            if index < 0 < len(hashes):  # its first block too: no longer active there
+                root = hashes[0]
+                mask = self._root_on[root] & ~(1 << target)
+                if mask:
+                    self._root_on[root] = mask
+                else:
+                    del self._root_on[root]
 
     def _already_active(self, request: RouteRequest) -> dict[int, int]:
         """Per target, how many of the request's blocks are active there.
@@ -391,7 +393,7 @@ class KvRouter:
         hashes, shared = request.hashes, self._shared
         if not hashes or shared is None:  # (no shared blocks are tracked without it)
             return counts
-        mask = self._active_on.get(hashes[0], 0)
+        mask = self._root_on.get(hashes[0], 0)
         while mask:
             bit = mask & -mask
             mask ^= bit
