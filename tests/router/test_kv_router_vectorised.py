@@ -168,3 +168,23 @@ def test_a_placement_loads_and_a_free_unloads_the_arrays() -> None:
     assert router._prefill.tolist() == router._requests.tolist() == [0, 0, 0]
     assert router._unique.tolist() == router._shared_count.tolist() == [0, 0, 0]
     assert router._root_on == {}
+
+
+@given(
+    st.dictionaries(st.integers(0, 5), st.integers(0, 40), max_size=6),
+    st.dictionaries(st.integers(0, 5), st.integers(1, 40), max_size=3),
+    st.sampled_from([0.0, 0.3, 0.75, 1.0]),
+)
+def test_best_effective_overlap_is_the_largest_per_target_one(
+    device: dict[int, int], host: dict[int, int], weight: float
+) -> None:
+    """The largest effective overlap over the targets holding any block (device counts
+    alone need no per-target weighting: the largest count, as a float)."""
+    router = KvRouter(
+        RouterConfig(host_cache_hit_weight=weight), 6, BLOCK, random.Random(0), indexer=None
+    )
+    overlaps = Overlaps(device, host)
+    per_target = [router.effective(overlaps, t) for t in device.keys() | host.keys()]
+    best = router.best_effective(overlaps)
+    assert best == max(per_target, default=0.0)
+    assert type(best) is float

@@ -202,6 +202,8 @@ class KvRouter:
 
     def best_effective(self, overlaps: Overlaps) -> float:
         """The largest effective overlap on any target (0.0 when none holds any block)."""
+        if not overlaps.host:  # device blocks alone: the largest count
+            return float(max(overlaps.device.values(), default=0))
         targets = overlaps.device.keys() | overlaps.host.keys()
         return max((self.effective(overlaps, t) for t in targets), default=0.0)
 
