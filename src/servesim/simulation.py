@@ -50,8 +50,8 @@ from servesim.workload.formats import (
     read_trace,
 )
 from servesim.workload.mooncake import STDIN
-from servesim.workload.request import Session, TracePrompt
-from servesim.workload.sharing import mark_shared_blocks
+from servesim.workload.request import Session
+from servesim.workload.sharing import mark_shared_blocks, names_any
 from servesim.workload.stream import StreamPlan, StreamQueue, stream_plan
 from servesim.workload.synthetic import synthetic_sessions
 
@@ -481,12 +481,8 @@ def _replay(
         if isinstance(workload, AgenticGraph):
             mark_shared_blocks([Session(turns=[n.spec for n in workload.nodes])], engine.block_size)
         else:
-            shareable = any(
-                isinstance(turn.prompt, TracePrompt)
-                for session in workload
-                for turn in session.turns
-            )  # the look-ahead names only trace prompts' blocks: else no placement to predict
-            pools = _round_robin_pools(config, workload) if shareable and scaling is None else None
+            predictable = names_any(workload) and scaling is None
+            pools = _round_robin_pools(config, workload) if predictable else None
             if config.disaggregated and pools is not None:
                 # The prefill side names what its rank may match; the decode side, placed
                 # as the replay goes, what any request may.

@@ -604,14 +604,7 @@ def _split(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return high, values - high
 
 
-def _split_scalar(value: float) -> tuple[float, float]:
-    """:func:`_split` of one float (the same operations)."""
-    spread = value * 134217729.0
-    high = spread - (spread - value)
-    return high, value - high
-
-
-_GIGA_HIGH, _GIGA_LOW = _split_scalar(1e9)
+_GIGA_HIGH, _GIGA_LOW = (float(part[0]) for part in _split(np.array([1e9])))
 
 
 def _seconds_array(ns: np.ndarray) -> np.ndarray:

@@ -55,6 +55,12 @@ def mark_shared_blocks(
         _mark_trace(trace, block_size, pool_of)
 
 
+def names_any(sessions: list[Session]) -> bool:
+    """Whether :func:`mark_shared_blocks` could name any block of the workload: only trace
+    prompts share blocks (so only then does knowing each request's pool narrow anything)."""
+    return any(isinstance(spec.prompt, TracePrompt) for s in sessions for spec in s.turns)
+
+
 def _mark_trace(trace: list[tuple[int, RequestSpec]], bs: int, pool_of: np.ndarray) -> None:
     """Each trace request's shared blocks, by whole-array steps over a trie of prompts.
 
