@@ -275,14 +275,14 @@ class KvRouter:
         ints below 2^53 convert exactly, so each division and product rounds as
         Python's does on one target (tests/router/test_kv_router_vectorised.py).
         """
-        config, bs, targets = self.config, self.block_size, self.targets
-        overlap = np.zeros(targets)
-        if overlaps.device:
-            overlap[list(overlaps.device)] = list(overlaps.device.values())
-        prefill: np.ndarray | float = 0.0
+        config, bs = self.config, self.block_size
+        # Each step touches only the targets it changes: a target with no overlap keeps
+        # its prefill load whole (x - 0.0 is x), a zero weight adds nothing (x + 0.0 is x,
+        # up to the sign of a zero, which no comparison of costs sees) and a unit scale
+        # multiplies nothing; the work is then a few whole-array operations.
         decay: np.ndarray | float = 1.0
         if config.router_track_prefill_tokens:
-            prefill = (self._prefill + request.isl) / bs
+            uncredited = (self._prefill + request.isl) / bs
             if config.overlap_score_credit_decay > 0:
                 eligible = self._eligible
                 low = (self._prefill if eligible is None else self._prefill[eligible]).min()
@@ -290,30 +290,33 @@ class KvRouter:
                 decay = 1.0 / (
                     1.0 + config.overlap_score_credit_decay * excess / max(request.blocks, 1)
                 )
-        credit = config.overlap_score_credit * decay * overlap
-        if overlaps.host:
-            host = np.zeros(targets)
-            host[list(overlaps.host)] = list(overlaps.host.values())
-            credit = credit + config.host_cache_hit_weight * host
-        uncredited = prefill - credit
-        # max(0.0, x) keeps 0.0 unless x > 0.0 (NaN and -0.0 included).
-        uncredited = np.where(uncredited > 0.0, uncredited, 0.0)
-        blocks = request.isl // bs
-        decode: np.ndarray | float
-        if not config.router_track_active_blocks:
-            decode = float(blocks)
-        elif self._shared is None:
-            decode = (self._unique + blocks).astype(np.float64)
         else:
-            already = np.zeros(targets, dtype=np.int64)
-            if active:
-                already[list(active)] = list(active.values())
-            decode = (self._shared_count + self._unique + blocks - already).astype(np.float64)
-        costs: np.ndarray = (
-            config.prefill_load_scale * uncredited
-            + decode
-            + config.decode_active_request_weight * self._requests
-        )
+            uncredited = np.zeros(self.targets)
+        host = overlaps.host
+        for target in overlaps.device.keys() | host.keys():
+            factor = config.overlap_score_credit * (
+                decay if isinstance(decay, float) else float(decay[target])
+            )
+            credit = factor * overlaps.device.get(target, 0)
+            if target in host:
+                credit = credit + config.host_cache_hit_weight * host[target]
+            left = float(uncredited[target]) - credit
+            # max(0.0, x) keeps 0.0 unless x > 0.0 (NaN and -0.0 included).
+            uncredited[target] = left if left > 0.0 else 0.0
+        blocks = request.isl // bs
+        if not config.router_track_active_blocks:
+            costs = np.full(self.targets, float(blocks))
+        elif self._shared is None:
+            costs = (self._unique + blocks).astype(np.float64)
+        else:
+            costs = (self._shared_count + self._unique + blocks).astype(np.float64)
+            for target, already in active.items():
+                costs[target] -= already  # whole numbers: exact
+        if config.prefill_load_scale != 1.0:
+            uncredited *= config.prefill_load_scale
+        costs += uncredited
+        if config.decode_active_request_weight != 0.0:
+            costs += config.decode_active_request_weight * self._requests
         return costs
 
     def add(self, request: RouteRequest, placement: Placement) -> None:
