@@ -622,15 +622,20 @@ class VllmScheduler:
         members = self._members
         due = self._due.get(step, ())
         tokens = len(members)
-        blocks = sum(1 for r in due if (r.cohort_base + step) % bs == 0)
+        blocks = 0
         for request in self._others:
             if not request.blocks or not request.num_computed:
                 return False
             length = request.prompt_len + request.generated
             tokens += length - request.num_computed
             blocks += max(0, -(-length // bs) - len(request.blocks))
-        if tokens > self._budget or blocks > pool.num_free + pool.num_inactive:
+        if tokens > self._budget:
             return False
+        spare = pool.num_free + pool.num_inactive
+        if blocks + len(due) > spare:  # (a due member needs one block at most: count them)
+            blocks += sum(1 for r in due if (r.cohort_base + step) % bs == 0)
+            if blocks > spare:
+                return False
         if due:
             self._take_due(step)
             heapq.heappop(self._due_steps)
