@@ -44,12 +44,11 @@ class KvIndexer:
                 for h in event.hashes:
                     holders[h] = get(h, 0) | bit
                 continue
+            keep, take = ~bit, holders.pop
             for h in event.hashes:
-                left = holders.get(h, 0) & ~bit
+                left = take(h, 0) & keep  # (one look-up when only this target held it)
                 if left:
                     holders[h] = left
-                else:
-                    holders.pop(h, None)
 
     def overlaps(self, hashes: list[int]) -> dict[int, int]:
         """For each target holding the first block: how many leading blocks it holds."""
