@@ -12,6 +12,7 @@ arriving later cuts the window as usual.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,7 @@ def chained_worker() -> tuple[Worker, EngineRequest]:
     worker = Worker(0, CONFIG, chain=True, deferred_ends=True)
     a = make_request(0)
     worker.submit(0, a, 0.0)
-    begun = worker.start_pass(0.0)
+    begun = worker.start_pass(0.0, quiet_until=math.inf)  # nothing else will arrive
     assert begun is not None
     end, admitted = begun
     assert admitted == [(a, 0)]

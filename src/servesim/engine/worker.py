@@ -366,8 +366,15 @@ class Worker:
             self.busy_until is None and not self.stalled and any(r.has_work() for r in self.ranks)
         )
 
-    def start_pass(self, now: float) -> tuple[float, list[tuple[EngineRequest, int]]] | None:
+    def start_pass(
+        self, now: float, *, quiet_until: float | None = None
+    ) -> tuple[float, list[tuple[EngineRequest, int]]] | None:
         """Start one group pass (or a fast-forward window) at ``now``.
+
+        ``quiet_until`` (with ``chain``): nothing can reach the worker before then. A
+        stepped pass that ends earlier is followed by the window after it in the same
+        busy period (see :meth:`_chain`); otherwise a request would most likely drop or
+        cut that window before it had run.
 
         Returns:
             The end and the admissions made at the start, or None when no rank
@@ -408,8 +415,11 @@ class Worker:
                 sum(r.cache_tokens[1] for r in results),
             )
         self._take_catch_ups()
-        if self.chain and (
-            self._deferred_ends or not any(r.finished or r.rejected for r in results)
+        if (
+            self.chain
+            and quiet_until is not None
+            and self.busy_until < quiet_until
+            and (self._deferred_ends or not any(r.finished or r.rejected for r in results))
         ):
             self._chain(self.busy_until)
         return self.busy_until, [admission for r in results for admission in r.admitted]
