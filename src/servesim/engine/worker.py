@@ -22,9 +22,9 @@ tokens; their ends carry the time of their own pass
 (:attr:`PassOutputs.ended_at`). Where nothing outside sees a pass end but
 through the tokens it delivers (``chain``: round robin, no telemetry, planner or
 time cap, a plain vLLM engine), the window that would start when a stepped pass
-ends is planned with that pass, in one busy period: the pass's outputs are
-delivered first, as of its end (:attr:`PassOutputs.prelude`), and a request
-arriving by then drops the window.
+ends is planned with that pass, in one busy period, if nothing can reach the
+worker before that end: the pass's outputs are delivered first, as of its end
+(:attr:`PassOutputs.prelude`), and a request arriving by then drops the window.
 
 **Published gauges.** With ``gauges`` on (telemetry), the worker keeps what
 the reference's telemetry reads: each rank's counts as they stood after the
