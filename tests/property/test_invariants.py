@@ -28,12 +28,10 @@ class CheckedWorker(Worker):
 
     last_start = 0.0
 
-    def start_pass(
-        self, now: float, *, quiet_until: float | None = None
-    ) -> tuple[float, list[tuple[EngineRequest, int]]] | None:
+    def start_pass(self, now: float) -> tuple[float, list[tuple[EngineRequest, int]]] | None:
         assert now >= self.last_start, "time went backwards"
         self.last_start = now
-        started = super().start_pass(now, quiet_until=quiet_until)
+        started = super().start_pass(now)
         if started is not None:
             assert started[0] >= now
         for rank in self.ranks:
@@ -106,9 +104,7 @@ def test_random_workloads_keep_the_invariants(
     )
     sessions = one_turn_sessions(reqs)
     mark_shared_blocks(sessions, BLOCK)
-    # vLLM workers chain a window after a stepped pass when nothing can arrive first.
-    chain = backend is Backend.VLLM
-    workers: list[Worker] = [CheckedWorker(i, config, chain=chain) for i in range(num_workers)]
+    workers: list[Worker] = [CheckedWorker(i, config) for i in range(num_workers)]
     collector, outcome = replay_aggregated(sessions, config, workers, concurrency=concurrency)
     records = collector.records
     assert len(records) == len(reqs)

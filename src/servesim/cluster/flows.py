@@ -158,22 +158,6 @@ class AggregatedFlow:
 
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
-        if outputs.prelude is not None:
-            # The stepped pass the window followed, first; its requests' states have moved
-            # on since (the window is applied), so its ends are those it listed.
-            head, end = outputs.prelude
-            self._pass_ended(worker, head, end, set(head.finished))
-        self._pass_ended(worker, outputs, now, None)
-
-    def _pass_ended(
-        self,
-        worker: Worker,
-        outputs: PassOutputs,
-        now: float,
-        ended: set[EngineRequest] | None,
-    ) -> None:
-        """The outputs of a pass (or window) that ended at ``now``; ``ended``: the
-        requests that ended in it (None: those that are finished now)."""
         ledger, policy = self._ledger, self._policy
         ledger.deliver_tokens(outputs, now)
         self._observe(worker, now)
@@ -192,10 +176,9 @@ class AggregatedFlow:
             # also its last (a one-token burst that finishes), completes its prefill.
             burst = tokens.get(request, 1)
             first = ledger.record(request.uid).output_length == burst
-            done = request.status is Status.FINISHED if ended is None else request in ended
-            if first and (burst > 1 or not done):
+            if first and (burst > 1 or request.status is not Status.FINISHED):
                 self._dispatch(policy.prefill_completed(request.uid, now), now)
-            if done:
+            if request.status is Status.FINISHED:
                 ledger.end(request.uid, now, Terminal.COMPLETED)
                 self._dispatch(policy.request_ended(request.uid, now), now)
         for request in outputs.finished:  # those that ended without a token of this pass

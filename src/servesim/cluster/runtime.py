@@ -799,7 +799,7 @@ class Runtime:
             if self._own_work and not worker.busy:
                 self._watch_own_work(pool, worker_id)
             return False
-        begun = worker.start_pass(now, quiet_until=self._quiet_until(now) if worker.chain else None)
+        begun = worker.start_pass(now)
         if begun is None:
             if self._own_work:
                 self._watch_own_work(pool, worker_id)
@@ -812,14 +812,6 @@ class Runtime:
             pool.wake(worker_id)
             self.flow.on_pass_end(pool, worker, worker.finish_pass(), now)
         return True
-
-    def _quiet_until(self, now: float) -> float:
-        """Before when nothing can reach a worker: the next arrival, or the next pass end
-        (which may end a request and release another). A stale pass end (a window cut
-        shorter) only makes it earlier."""
-        completions = self._completions
-        arrival = self.admission.next_ready_ms(now)
-        return min(arrival, completions[0][0]) if completions else arrival
 
     def _deliver_windows_up_to(self, limit: float) -> None:
         """At a time cap, make visible the fast-forwarded tokens stamped by ``limit``."""

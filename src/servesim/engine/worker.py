@@ -19,12 +19,7 @@ Where nothing outside the worker reacts to a request's end before it is
 delivered (``deferred_ends``: round robin, an open loop of one-turn sessions,
 no telemetry, planner or time cap), a window may also run past members' last
 tokens; their ends carry the time of their own pass
-(:attr:`PassOutputs.ended_at`). Where nothing outside sees a pass end but
-through the tokens it delivers (``chain``: round robin, no telemetry, planner or
-time cap, a plain vLLM engine), the window that would start when a stepped pass
-ends is planned with that pass, in one busy period, if nothing can reach the
-worker before that end: the pass's outputs are delivered first, as of its end
-(:attr:`PassOutputs.prelude`), and a request arriving by then drops the window.
+(:attr:`PassOutputs.ended_at`).
 
 **Published gauges.** With ``gauges`` on (telemetry), the worker keeps what
 the reference's telemetry reads: each rank's counts as they stood after the
@@ -97,9 +92,6 @@ class PassOutputs:
             rank, with its time (None: the pass end).
         bursts: whether ``emitted`` may list a request more than once (see
             :class:`~servesim.engine.scheduler.PassResult`).
-        prelude: the outputs of the stepped pass a window followed in the same busy
-            period (see ``chain`` in :class:`Worker`), and that pass's end: delivered
-            first, as of then.
     """
 
     emitted: list[EngineRequest] = field(default_factory=list)
@@ -110,7 +102,6 @@ class PassOutputs:
     catch_ups: list[CatchUp] = field(default_factory=list)
     seconds: list[tuple[list[EngineRequest], float | None]] = field(default_factory=list)
     bursts: bool = False
-    prelude: tuple[PassOutputs, float] | None = None
 
 
 @dataclass(slots=True)
@@ -118,7 +109,6 @@ class _Window:
     plans: list[tuple[RankScheduler, DecodePlan]]
     ends: np.ndarray  # end of each planned pass
     start: float
-    follows: bool = False  # it follows a stepped pass ending at ``start`` (see Worker.chain)
 
 
 @dataclass(slots=True)  # not frozen: one an eviction in a window, and a frozen init costs 3.7x
@@ -138,7 +128,6 @@ class Worker:
     __slots__ = (
         "_cache_in_flight",
         "_carry",
-        "_deferred_ends",
         "_forwards_in_flight",
         "_fpm_in_flight",
         "_outputs",
@@ -149,7 +138,6 @@ class Worker:
         "busy_until",
         "cache_hit_tokens",
         "cache_total_tokens",
-        "chain",
         "config",
         "decode_forwards",
         "decode_tokens",
@@ -175,27 +163,13 @@ class Worker:
         gauges: bool = False,
         fpm: bool = False,
         deferred_ends: bool = False,
-        chain: bool = False,
     ) -> None:
         """``deferred_ends``: nothing outside the worker reacts to a request's end before
         it is delivered, so windows may run past last tokens (see the module docstring);
-        not with gauges or forward-pass metrics, which count each pass's members.
-        ``chain``: nothing outside reacts to a pass's end but through the tokens it
-        delivers (and the requests it ends), so a window may follow a stepped pass in
-        the same busy period (see :meth:`start_pass`); a plain vLLM engine only."""
-        assert not chain or (
-            fast_forward
-            and not (gauges or fpm or kv_events)
-            and config.backend is Backend.VLLM
-            and config.native_host_offload is None
-            and disk is None
-            and shared_host is None
-        ), "a chained window may follow only a pass whose end nothing else sees"
+        not with gauges or forward-pass metrics, which count each pass's members."""
         self.worker_id = worker_id
         self.config = config
         self.fast_forward = fast_forward
-        self.chain = chain
-        self._deferred_ends = deferred_ends
         timing = make_timing(config)
         # With kv_events, each rank records its KV events for a router to drain (see take_events).
         scheduler = _SCHEDULERS[config.backend]
@@ -318,14 +292,6 @@ class Worker:
         window = self._window
         if window is None:
             return None
-        if window.follows and now <= window.start:
-            # The stepped pass before it is in flight (or ends now, before any pass
-            # would start): the window never began.
-            self._window = None
-            assert self._outputs.prelude is not None
-            self._outputs = self._outputs.prelude[0]
-            self.busy_until = window.start
-            return window.start
         passes = min(max(1, int(window.ends.searchsorted(now, side="left")) + 1), len(window.ends))
         return self._apply(window, passes, ended=passes - 1)
 
@@ -366,15 +332,8 @@ class Worker:
             self.busy_until is None and not self.stalled and any(r.has_work() for r in self.ranks)
         )
 
-    def start_pass(
-        self, now: float, *, quiet_until: float | None = None
-    ) -> tuple[float, list[tuple[EngineRequest, int]]] | None:
+    def start_pass(self, now: float) -> tuple[float, list[tuple[EngineRequest, int]]] | None:
         """Start one group pass (or a fast-forward window) at ``now``.
-
-        ``quiet_until`` (with ``chain``): nothing can reach the worker before then. A
-        stepped pass that ends earlier is followed by the window after it in the same
-        busy period (see :meth:`_chain`); otherwise a request would most likely drop or
-        cut that window before it had run.
 
         Returns:
             The end and the admissions made at the start, or None when no rank
@@ -415,33 +374,7 @@ class Worker:
                 sum(r.cache_tokens[1] for r in results),
             )
         self._take_catch_ups()
-        if (
-            self.chain
-            and quiet_until is not None
-            and self.busy_until < quiet_until
-            and (self._deferred_ends or not any(r.finished or r.rejected for r in results))
-        ):
-            self._chain(self.busy_until)
         return self.busy_until, [admission for r in results for admission in r.admitted]
-
-    def _chain(self, end: float) -> None:
-        """Plan the window that would start when the stepped pass in flight ends at ``end``.
-
-        Stepping would end that pass, deliver its outputs and start the window at
-        the same instant; when nothing but those outputs can see the pass end, the
-        window follows it at once, and its outputs come after the pass's
-        (:attr:`PassOutputs.prelude`). A request arriving by ``end`` drops the
-        window (see :meth:`cut`).
-        """
-        if not any(rank.has_work() for rank in self.ranks):
-            return
-        for rank in self.ranks:
-            rank.last_emit_ms = end
-        if self._start_window(end, MAX_WINDOW) is None:
-            return
-        assert self._window is not None
-        self._window.follows = True
-        self._outputs = PassOutputs(prelude=(self._outputs, end))
 
     def finish_pass(self) -> PassOutputs:
         """End the pass (or window) in flight and return what it made visible; the worker is idle again."""
