@@ -111,7 +111,7 @@ class _Window:
     start: float
 
 
-@dataclass(slots=True)  # not frozen: one an eviction in a window, and a frozen init costs 3.7x
+@dataclass(slots=True)  # not frozen: one per eviction in a window, and a frozen init costs 3.7x
 class ScheduledRemoval:
     """A Removed event a fast-forward window publishes at the end of one of its passes."""
 
