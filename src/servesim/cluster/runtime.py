@@ -225,8 +225,10 @@ class Pool:
         assert self.states[worker_id] is WorkerState.ACTIVE, (
             f"{self.stage.name.lower()} worker {worker_id} is {self.states[worker_id].value}"
         )
-        self._rescheduled(worker_id, self.workers[worker_id].submit(rank, request, now))
-        self.wakeable.add(worker_id)
+        worker = self.workers[worker_id]
+        self._rescheduled(worker_id, worker.submit(rank, request, now))
+        if worker.busy_until is None:  # a busy worker tries again at its pass end anyway
+            self.wakeable.add(worker_id)
 
     def settle_worker(self, worker_id: int, now: float) -> bool:
         """Bring a worker's state to ``now`` before a command touches it.
@@ -458,6 +460,7 @@ class Runtime:
         self._scaled = False
         self._completions = completions
         self._pools = {pool.stage: pool for pool in flow.pools}
+        self._wakeables = [pool.wakeable for pool in flow.pools]  # emptied and filled in place
         self._worker_seconds = dict.fromkeys(self._pools, 0.0)
         # Idle workers' own deadlines (engine-owned work: KV copies completing), as
         # (time, stage, worker id); _wakes holds the one pushed last for each worker.
@@ -473,6 +476,10 @@ class Runtime:
         )
         self._deadlines: list[tuple[float, Stage, int]] = []
         self._wakes: dict[tuple[int, int], float] = {}
+        # Whether an instant may hold own-work deadlines, startups, drains, a telemetry
+        # sample or a scaling tick (most runs have none of them: the settle loop skips
+        # looking for them).
+        self._timed = self._own_work or scaling is not None or telemetry is not None
 
     def run(self, max_sim_time_ms: float | None = None) -> RunOutcome:
         """Run until every request has ended (or the next timestamp passes the cap)."""
@@ -520,13 +527,15 @@ class Runtime:
         upcoming = min(
             self.admission.next_ready_ms(self.now),
             completions[0][0] if completions else math.inf,
-            self._deadlines[0][0] if self._deadlines else math.inf,
             self.flow.next_deadline(),
         )
-        if self.scaling is not None and not self._workload_done():
-            upcoming = min(
-                upcoming, self._tick_at, self._readies[0][0] if self._readies else math.inf
-            )
+        if self._timed:
+            if self._deadlines:
+                upcoming = min(upcoming, self._deadlines[0][0])
+            if self.scaling is not None and not self._workload_done():
+                upcoming = min(
+                    upcoming, self._tick_at, self._readies[0][0] if self._readies else math.inf
+                )
         return upcoming
 
     def _workload_done(self) -> bool:
@@ -678,7 +687,7 @@ class Runtime:
     def _settle(self) -> None:
         now = self.now
         completions, admission, pools = self._completions, self.admission, self.flow.pools
-        wakeables = [pool.wakeable for pool in pools]  # sets, emptied and filled in place
+        wakeables = self._wakeables
         # The telemetry sample and then the scaling tick due now end the instant's first
         # round, as the reference's settle loop has them: what that round released but has
         # not placed yet (a disaggregated request's first handoff action) is placed in the
@@ -686,30 +695,33 @@ class Runtime:
         telemetry = self.telemetry
         sample = telemetry is not None and telemetry.next_ms == now
         tick = self._tick_at == now
+        timed = self._timed
         while True:
             # Each step is skipped when a look shows it has nothing to do (the last
             # round, which confirms that nothing changed, is most of them).
             changed = (
                 bool(completions) and completions[0][0] == now and self._apply_completions(now)
             )
-            if self._deadlines and self._deadlines[0][0] == now:
-                changed |= self._apply_own_work(now)
-            if self._readies and self._readies[0][0] == now:
-                changed |= self._apply_readies(now)
+            if timed:
+                if self._deadlines and self._deadlines[0][0] == now:
+                    changed |= self._apply_own_work(now)
+                if self._readies and self._readies[0][0] == now:
+                    changed |= self._apply_readies(now)
             changed |= self.flow.settle(now)
             if admission.next_ready_ms(now) <= now:
                 changed |= self._release_arrivals(now)
             if any(wakeables):
                 changed |= self._start_passes(now)
-            if self._scaled:
-                changed |= self._remove_drained(now)
-            if sample:
-                sample = False
-                assert telemetry is not None
-                telemetry.periodic(now, *self._observed())
-            if tick:
-                tick = False
-                changed |= self._tick_due()
+            if timed:
+                if self._scaled:
+                    changed |= self._remove_drained(now)
+                if sample:
+                    sample = False
+                    assert telemetry is not None
+                    telemetry.periodic(now, *self._observed())
+                if tick:
+                    tick = False
+                    changed |= self._tick_due()
             if not changed:
                 if self._shared_own_work:
                     for pool in pools:
