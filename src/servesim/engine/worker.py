@@ -347,6 +347,9 @@ class Worker:
                 return end, []
         results = []
         ran = []
+        admitted: list[tuple[EngineRequest, int]] = []
+        progressed = False
+        end = now
         for rank in self.ranks:
             if rank.has_work():
                 result = rank.execute_pass(now)
@@ -354,11 +357,14 @@ class Worker:
                     rank.role.capacity_changed()  # a slot or blocks freed: its reservations are due
                 results.append(result)
                 ran.append(rank)
-        if not any(r.progressed for r in results):
+                admitted += result.admitted
+                progressed |= result.progressed
+                end = max(end, result.end_ms)
+        if not progressed:
             self.stalled = True
             return None
-        self.busy_until = max(r.end_ms for r in results)
-        self._outputs = _collect(results)
+        self.busy_until = end
+        _collect(results, self._outputs)
         if self.fpms is not None:  # every rank reports the group's pass time
             wall = (self.busy_until - now) / 1000.0
             self._fpm_in_flight = [
@@ -374,7 +380,7 @@ class Worker:
                 sum(r.cache_tokens[1] for r in results),
             )
         self._take_catch_ups()
-        return self.busy_until, [admission for r in results for admission in r.admitted]
+        return end, admitted
 
     def finish_pass(self) -> PassOutputs:
         """End the pass (or window) in flight and return what it made visible; the worker is idle again."""
@@ -610,8 +616,9 @@ def _decode_forwards(results: list[PassResult]) -> tuple[int, int]:
     return forwards, accepted
 
 
-def _collect(results: list[PassResult]) -> PassOutputs:
-    out = PassOutputs()
+def _collect(results: list[PassResult], out: PassOutputs) -> None:
+    """Add the ranks' results to a worker's outputs (empty: the pass is the first since
+    the last pass end)."""
     for result in results:
         out.emitted += result.emitted
         out.bursts |= result.bursts
@@ -620,4 +627,3 @@ def _collect(results: list[PassResult]) -> PassOutputs:
         out.cohorts += [(prev_end, members, None) for prev_end, members in result.cohorts]
         if result.seconds:
             out.seconds.append((result.seconds, None))
-    return out
