@@ -422,10 +422,11 @@ class VllmScheduler:
             return None  # a copy under way may complete, or fence a new block, mid-window
         members, step, bs = self._members, self._step, self.block_size
         n = len(members)
-        passes = min(limit, min(r.finish_step for r in members) - step)
+        finishes = [r.finish_step for r in members]
+        passes = min(limit, min(finishes) - step)
         pool = self.pool
         if self.windows_span_finishes and pool.events is None:
-            through = min(limit, max(r.finish_step for r in members) - step)
+            through = min(limit, max(finishes) - step)
             if through > passes:
                 return self._plan_through_finishes(through)
         # Pass j of the plan (step + 1 + j) gives a member a block when its
@@ -637,10 +638,11 @@ class VllmScheduler:
             if blocks > spare:
                 return False
         if due:
-            self._take_due(step)
+            self._take_due(step)  # (sorts them in running order)
             heapq.heappop(self._due_steps)
         emitting = self._emitting = []  # the non-members, in running order (see _emit)
-        for request in sorted([*self._others, *due], key=_admission_order):
+        others = self._others
+        for request in sorted([*others, *due], key=_admission_order) if others else due:
             if request not in members:
                 outcome = self._schedule(request, from_waiting=False)
                 assert outcome is _Outcome.SCHEDULED, "a cohort pass outran its budget or pool"
