@@ -483,23 +483,23 @@ class VllmScheduler:
                 passes = needs[spare]
         if passes < 2:
             return None
-        leaving = sorted((r.finish_step, r.cohort_base) for r in members)
-        n, bases = len(leaving), self._sum_base
+        n, bases = len(members), self._sum_base
         parts: list[np.ndarray] = []
         stretches: list[tuple[int, int]] = []
-        start = i = 0
-        while start < passes:
-            finish = leaving[i][0]
-            end = min(finish - step, passes)  # the stretch's passes: start..end - 1
+        start = 0
+        # Members in the order they leave: each ends a stretch with its last pass (none
+        # when it leaves in the same pass as the one before it), then stops counting.
+        for finish, base in sorted((r.finish_step - step, r.cohort_base) for r in members):
+            if start >= passes:
+                break
+            end = min(finish, passes)  # the stretch's passes: start..end - 1
             if end > start:
                 context = bases + n * (step + start + 2)  # the members' lengths before it
                 parts.append(self._decode_durations(n, context, end - start))
                 stretches.append((end, n))
                 start = end
-            while i < len(leaving) and leaving[i][0] == finish:
-                bases -= leaving[i][1]
-                n -= 1
-                i += 1
+            bases -= base
+            n -= 1
         return DecodePlan(
             members=stretches[0][1],
             first_step=step + 1,
