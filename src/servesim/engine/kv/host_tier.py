@@ -335,8 +335,8 @@ class HostTier:
         if self.shared:
             self._progress(now)
         entries = self._entries
-        missing = list(dict.fromkeys(k for k in keys if k not in entries))
-        if not self._make_room(len(missing), set(keys), now):
+        missing = list(dict.fromkeys([k for k in keys if k not in entries]))
+        if not self._make_room(len(missing), keys, now):
             return None
         transfer = Transfer(self._next_tid, Kind.STORE, missing, owner, client)
         self._next_tid += 1
@@ -403,14 +403,15 @@ class HostTier:
                 unpinned.append(key)
         self._touch_cohort(unpinned)
 
-    def _make_room(self, count: int, protected: set[BlockKey], now: float) -> bool:
+    def _make_room(self, count: int, protected: Iterable[BlockKey], now: float) -> bool:
         """Evict least recent blocks (never ``protected``) until ``count`` more fit."""
         need = count - (self.capacity - len(self._entries))
         if need <= 0:
             return True
+        keep = set(protected)
         victims = []
         for key in self._lru:
-            if key not in protected:
+            if key not in keep:
                 victims.append(key)
                 if len(victims) == need:
                     break
