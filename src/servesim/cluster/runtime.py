@@ -227,7 +227,7 @@ class Pool:
         )
         worker = self.workers[worker_id]
         self._rescheduled(worker_id, worker.submit(rank, request, now))
-        if worker.busy_until is None:  # a busy worker tries again at its pass end anyway
+        if not worker.busy:  # a busy worker tries again at its pass end anyway
             self.wakeable.add(worker_id)
 
     def settle_worker(self, worker_id: int, now: float) -> bool:
