@@ -100,6 +100,8 @@ class DisaggregatedFlow:
     and prefill load, and the decode policy balances decode load only.
     """
 
+    timers = True  # transfers completing, queued handoff actions (see Flow)
+
     def __init__(
         self,
         prefill: Pool,
@@ -159,10 +161,11 @@ class DisaggregatedFlow:
     ) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
         collector = self._ledger.collector
+        prefill = pool is self._prefill
         for request, reused in admitted:
             handoff = self._handoffs[request.uid]
             record = handoff.record
-            if pool.stage is Stage.PREFILL:
+            if prefill:
                 collector.on_admit(record, now, reused, request.host_reused)
                 if record.prefill_admit_ms is None:
                     record.prefill_admit_ms = now
@@ -175,13 +178,13 @@ class DisaggregatedFlow:
                 record.decode_reused_input_tokens = max(
                     record.decode_reused_input_tokens or 0, reused
                 )
-        if pool.stage is Stage.PREFILL:
+        if prefill:
             self._observe(worker, now)
 
     def on_own_work(self, pool: Pool, worker: Worker, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`: the prefill pool's KV events; on a
         decode worker, a completed copy may admit a reservation refused while it ran."""
-        if pool.stage is Stage.PREFILL:
+        if pool is self._prefill:
             self._observe(worker, now)
             return
         for rank in worker.ranks:
@@ -190,7 +193,7 @@ class DisaggregatedFlow:
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
         self._pending.extend(self._deferred.pop((pool.stage, worker.worker_id), ()))
-        if pool.stage is Stage.PREFILL:
+        if pool is self._prefill:
             self._observe(worker, now)
             self._catch_up(now)
             self._prefill_ended(outputs, now)

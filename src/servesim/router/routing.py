@@ -40,6 +40,10 @@ class Routed:
 class PlacementPolicy(Protocol):
     """Where requests go."""
 
+    watches_progress: bool
+    """Whether :meth:`prefill_completed` and :meth:`request_ended` may change anything
+    (False: they never do, and a flow need not call them)."""
+
     def place(self, request: RouteRequest, now: float, *, priority: int = 0) -> list[Routed]:
         """Route a new request; returns every request placed by this call."""
         ...
@@ -65,6 +69,8 @@ class PlacementPolicy(Protocol):
 
 class RoundRobinPolicy:
     """Round robin over workers and ranks (rank-major, or worker-major for a P/D pool); never queues."""
+
+    watches_progress = False
 
     def __init__(self, dp_sizes: list[int], *, worker_major: bool = False) -> None:
         self._rr = RoundRobinRouter(dp_sizes, worker_major=worker_major)
@@ -110,6 +116,8 @@ class KvPolicy:
     request is priced with the overlaps it had when it entered the queue, as
     the reference does.
     """
+
+    watches_progress = True  # the router's load accounting follows each request
 
     def __init__(
         self,
