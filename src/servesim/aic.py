@@ -15,7 +15,6 @@ that list would try to download its configuration).
 from __future__ import annotations
 
 import functools
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +76,8 @@ def _package() -> Any:
         import aiconfigurator_core
     except ImportError:
         raise ConfigError(INSTALL_HINT) from None
+    import logging  # (7 ms of start-up at module level; only the optional package needs it)
+
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     return aiconfigurator_core
 

@@ -9,7 +9,6 @@ file was built (``bench/build_profiles.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 
@@ -35,4 +34,6 @@ PRESETS: dict[str, Preset] = {
 
 def preset_path(name: str) -> Path:
     """Where preset ``name``'s NPZ is installed."""
+    from importlib import resources  # (17 ms of start-up at module level; only presets need it)
+
     return Path(str(resources.files("servesim") / "profiles" / PRESETS[name].file))
