@@ -12,16 +12,9 @@ time in seconds ``s``:
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
-
-
-@dataclass(order=True, slots=True)
-class _Entry(Generic[T]):
-    key: tuple[int, float, int]
-    item: T = field(compare=False)
 
 
 class RouterQueue(Generic[T]):
@@ -31,7 +24,8 @@ class RouterQueue(Generic[T]):
         if policy not in ("fcfs", "lcfs", "wspt"):
             raise ValueError(f"unknown queue policy {policy!r}")
         self.policy = policy
-        self._heap: list[_Entry[T]] = []
+        # (key, item): the key ends with the enqueue ordinal, so items are never compared.
+        self._heap: list[tuple[tuple[int, float, int], T]] = []
         self._seq = 0
 
     def __len__(self) -> int:
@@ -55,9 +49,9 @@ class RouterQueue(Generic[T]):
             score = jump + now / 1000.0
         else:
             score = (1 + jump) / max(1, isl - best_cached_tokens)
-        heapq.heappush(self._heap, _Entry((-strict_priority, -score, self._seq), item))
+        heapq.heappush(self._heap, ((-strict_priority, -score, self._seq), item))
         self._seq += 1
 
     def pop(self) -> T:
         """The next request to admit."""
-        return heapq.heappop(self._heap).item
+        return heapq.heappop(self._heap)[1]
