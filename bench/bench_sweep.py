@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from servesim.sweep import WALL_TIME_COLUMNS, SweepResult, sweep
+from servesim.sweeps import WALL_TIME_COLUMNS, SweepResult, sweep
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MOONCAKE = REPO_ROOT.parent / "shared" / "data" / "mooncake" / "conversation_trace.jsonl"

@@ -13,7 +13,7 @@ import pytest
 from servesim import RunConfig, __version__, parse_engine_args, run
 from servesim.cli import main
 from servesim.config import Role, engine_settings
-from servesim.sweep import WALL_TIME_COLUMNS
+from servesim.sweeps import WALL_TIME_COLUMNS
 from tests.support import run_cli
 
 REPO = Path(__file__).parents[1]

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from servesim.search import load_search, search
-from servesim.sweep import WALL_TIME_COLUMNS, sweep
+from servesim.capacity import load_search, search
+from servesim.sweeps import WALL_TIME_COLUMNS, sweep
 
 ray = pytest.importorskip("ray")
 

@@ -13,8 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from servesim import run
-from servesim.errors import ConfigError
-from servesim.search import (
+from servesim.capacity import (
     NoFeasibleConfiguration,
     Target,
     load_search,
@@ -23,6 +22,7 @@ from servesim.search import (
     parse_target,
     search,
 )
+from servesim.errors import ConfigError
 from servesim.settings import config_from_settings
 from tests.support import run_cli
 
@@ -240,7 +240,7 @@ def test_bad_search_files_exit_2(
 
 
 def test_each_shape_takes_the_engine_keys_and_drops_the_other_shapes_settings() -> None:
-    from servesim.search import Family
+    from servesim.capacity import Family
 
     base = {
         "trace": str(SAMPLE),

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from servesim.errors import ConfigError
-from servesim.sweep import WALL_TIME_COLUMNS, Table, load_spec, parse_spec, sweep
+from servesim.sweeps import WALL_TIME_COLUMNS, Table, load_spec, parse_spec, sweep
 from tests.support import run_cli
 
 REPO = Path(__file__).parents[1]

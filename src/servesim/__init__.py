@@ -9,6 +9,11 @@ file and :func:`search` finds the cheapest deployment that meets an SLA
 (``docs/capacity-planning.md``).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from servesim.cluster.planner import PlannerConfig, parse_planner_config, planner_config
 from servesim.config import (
     Backend,
@@ -25,9 +30,37 @@ from servesim.config import (
 from servesim.errors import ConfigError, ReportError, ServesimError, SimulationError, TraceError
 from servesim.metrics.collector import RequestRecord, Terminal
 from servesim.metrics.summary import Sla
-from servesim.search import Candidate, NoFeasibleConfiguration, SearchResult, search
 from servesim.simulation import Report, RunConfig, SyntheticWorkload, run
-from servesim.sweep import SweepResult, Table, sweep
+
+if TYPE_CHECKING:
+    from servesim.capacity import Candidate, NoFeasibleConfiguration, SearchResult, search
+    from servesim.sweeps import SweepResult, Table, sweep
+
+# Sweeps and searches load on first use: a replay never needs them, and they are about a
+# tenth of its start-up (their dataclasses, the settings layer).
+_ON_FIRST_USE = {
+    "Candidate": "servesim.capacity",
+    "NoFeasibleConfiguration": "servesim.capacity",
+    "SearchResult": "servesim.capacity",
+    "search": "servesim.capacity",
+    "SweepResult": "servesim.sweeps",
+    "Table": "servesim.sweeps",
+    "sweep": "servesim.sweeps",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _ON_FIRST_USE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'servesim' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ON_FIRST_USE))
+
 
 # The one place the version is written: pyproject.toml reads it from here (reading
 # the installed distribution's metadata instead costs ~40 ms of start-up).

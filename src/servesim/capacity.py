@@ -28,7 +28,7 @@ from typing import Any
 
 from servesim.errors import ConfigError, ServesimError
 from servesim.settings import load_document, with_setting
-from servesim.sweep import (
+from servesim.sweeps import (
     Outcome,
     Point,
     Resolved,
@@ -361,7 +361,7 @@ class SearchResult:
     """A finished search: the winner (None: nothing met the targets), the best deployment
     of each other family, the winner's family one count smaller (when tried), the Pareto
     frontier of throughput per GPU against the first target's latency, and every point
-    tried (also as a :class:`~servesim.sweep.Table`)."""
+    tried (also as a :class:`~servesim.sweeps.Table`)."""
 
     targets: tuple[Target, ...]
     min_goodput: float | None

@@ -1202,7 +1202,7 @@ def render_sweep_table(table: Any, axis_keys: Sequence[str]) -> str:
 
 def _sweep_command(args: argparse.Namespace) -> int:
     """``servesim sweep SPEC``: progress a line per point on stderr, then where the table is."""
-    from servesim.sweep import SweepProgress, load_spec, sweep
+    from servesim.sweeps import SweepProgress, load_spec, sweep
 
     spec = load_spec(args.spec, output=args.out)
     axis_keys = spec.axis_keys
@@ -1249,7 +1249,7 @@ def _sweep_command(args: argparse.Namespace) -> int:
 def _search_command(args: argparse.Namespace) -> int:
     """``servesim search SPEC``: the winner, the next smaller deployment of its kind,
     the runners-up and the Pareto frontier."""
-    from servesim.search import Candidate, describe, load_search, search
+    from servesim.capacity import Candidate, describe, load_search, search
 
     spec = load_search(args.spec)
     if args.json is not None:

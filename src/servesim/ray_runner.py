@@ -1,7 +1,7 @@
 """Sweep points as Ray tasks (the ``ray`` extra): on a running cluster, or on a local
 instance started for the sweep. Each trace file goes into the object store once; a
 task writes it to its node's temporary directory (once per node) and replays that
-copy, with the same code as a local run (:func:`servesim.sweep.run_task`), so the
+copy, with the same code as a local run (:func:`servesim.sweeps.run_task`), so the
 results are the same."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from servesim.errors import ConfigError
-from servesim.sweep import Outcome, Runner, Task, run_task
+from servesim.sweeps import Outcome, Runner, Task, run_task
 
 INSTALL_HINT = "pip install 'servesim[ray]'"
 
