@@ -328,9 +328,13 @@ class Worker:
 
     def can_start(self) -> bool:
         """Idle, not stalled, and some rank has work."""
-        return (
-            self.busy_until is None and not self.stalled and any(r.has_work() for r in self.ranks)
-        )
+        if self.busy_until is not None or self.stalled:
+            return False
+        # A loop, not any() over a generator: this runs twice an instant.
+        for rank in self.ranks:  # noqa: SIM110
+            if rank.has_work():
+                return True
+        return False
 
     def start_pass(self, now: float) -> tuple[float, list[tuple[EngineRequest, int]]] | None:
         """Start one group pass (or a fast-forward window) at ``now``.
@@ -549,19 +553,24 @@ class Worker:
         # A rank whose reservation queue head is due tries it at the next pass end
         # and may reserve: that pass must be stepped alone. (A head already tried
         # waits for a request to finish, which ends a window anyway.)
-        if any(rank.role.reservation_due() for rank in self.ranks):
-            return None
-        working = [rank for rank in self.ranks if rank.has_work()]
-        plans = []
-        for rank in working:
-            plan = rank.plan_decode(limit)
-            if plan is None:
+        ranks = self.ranks
+        for rank in ranks:
+            if rank.role.reservation_due():
                 return None
-            plans.append((rank, plan))
-        passes = min(len(plan.durations) for _, plan in plans)
-        durations = plans[0][1].durations[:passes]
-        for _, plan in plans[1:]:
-            durations = np.maximum(durations, plan.durations[:passes])
+        plans = []
+        for rank in ranks:
+            if rank.has_work():
+                plan = rank.plan_decode(limit)
+                if plan is None:
+                    return None
+                plans.append((rank, plan))
+        durations = plans[0][1].durations
+        passes = len(durations)
+        if len(plans) > 1:  # as many passes as every rank planned, each as slow as the slowest
+            passes = min(len(plan.durations) for _, plan in plans)
+            durations = durations[:passes]
+            for _, plan in plans[1:]:
+                durations = np.maximum(durations, plan.durations[:passes])
         # Sequential sums, as the clock advances pass by pass (now + d0, then + d1, ...).
         ends = durations.copy()
         ends[0] += now
