@@ -75,6 +75,12 @@ _HANDOFF_ORDER = {
     Backend.SGLANG: HandoffOrder.DESTINATION_FIRST,
 }
 
+# Enum members read per request, as globals (a read through an enum class costs ~15x).
+_SUBMITTED, _ACCEPTED, _SCHEDULED = Outcome.SUBMITTED, Outcome.ACCEPTED, Outcome.SCHEDULED
+_APPLIED, _NOOP, _FAILED = Outcome.APPLIED, Outcome.NOOP, Outcome.FAILED
+_COMPLETED, _REJECTED = Terminal.COMPLETED, Terminal.REJECTED
+_READY_DECODE = HandoffPhase.READY_DECODE
+
 
 @dataclass(slots=True)
 class _Handoff:
@@ -126,6 +132,7 @@ class DisaggregatedFlow:
         self._block_size = prefill_config.block_size
         self._ledger = ledger
         self._prefill_config = prefill_config
+        self._transfer_mode = TransferMode[prefill_config.kv_transfer_timing_mode.upper()]
         # SGLang reserves the destination before the prefill runs; vLLM and TRT-LLM after.
         self._order = _HANDOFF_ORDER[prefill_config.backend]
         self._handoffs: dict[int, _Handoff] = {}
@@ -171,7 +178,7 @@ class DisaggregatedFlow:
                     record.prefill_admit_ms = now
             elif record.decode_admit_ms is None:
                 record.decode_admit_ms = now
-                if handoff.coordinator.phase is HandoffPhase.READY_DECODE:
+                if handoff.coordinator.phase is _READY_DECODE:
                     handoff.coordinator.decode_admitted()
             else:
                 # Re-admitted after a preemption on the decode rank, reusing cached KV.
@@ -234,14 +241,16 @@ class DisaggregatedFlow:
 
     def _prefill_ended(self, outputs: PassOutputs, now: float) -> None:
         timing = self._prefill_config
+        policy = self._prefill_policy
         for request in outputs.finished:
             self._handoffs[request.uid].record.source_held_ms = now
-            self._dispatch_prefill(self._prefill_policy.prefill_completed(request.uid, now), now)
+            if policy.watches_progress:
+                self._dispatch_prefill(policy.prefill_completed(request.uid, now), now)
             self._fact(
                 request.uid,
                 SourceHeld(
                     timing=TransferTiming(
-                        mode=TransferMode[timing.kv_transfer_timing_mode.upper()],
+                        mode=self._transfer_mode,
                         full_prompt_tokens=request.prompt_len,
                         kv_bytes_per_token=timing.kv_transfer_bytes_per_token,
                         bandwidth_gb_s=timing.kv_transfer_bandwidth,
@@ -249,16 +258,16 @@ class DisaggregatedFlow:
                 ),
             )
         for request in outputs.rejected:
-            self._end(request.uid, now, Terminal.REJECTED)
+            self._end(request.uid, now, _REJECTED)
             self._fact(request.uid, Failed(reason="the prefill rank rejected the prompt"))
 
     def _decode_ended(self, worker: Worker, outputs: PassOutputs, now: float) -> None:
         ledger = self._ledger
         ledger.deliver_tokens(outputs, now)
         for request in outputs.finished:
-            self._decode_finished(request.uid, now, Terminal.COMPLETED)
+            self._decode_finished(request.uid, now, _COMPLETED)
         for request in outputs.rejected:
-            self._decode_finished(request.uid, now, Terminal.REJECTED)
+            self._decode_finished(request.uid, now, _REJECTED)
         # Each rank of the worker (idle ones too) tries its reservation queue once per pass end.
         for rank in worker.ranks:
             self._grant(rank.role.retry(), now)
@@ -267,7 +276,8 @@ class DisaggregatedFlow:
         handoff = self._handoffs[uid]
         self._destination(handoff).forget(uid)
         handoff.coordinator.decode_finished()
-        self._decode_policy.request_ended(uid, now)
+        if self._decode_policy.watches_progress:
+            self._decode_policy.request_ended(uid, now)
         self._end(uid, now, terminal)
         self._retire_if_done(uid)
 
@@ -289,7 +299,7 @@ class DisaggregatedFlow:
             case ReserveDestination():
                 self._reserve_destination(handoff, action, now)
             case StartTransfer(delay_ms=delay):
-                self._outcome(uid, action, Outcome.SCHEDULED)
+                self._outcome(uid, action, _SCHEDULED)
                 self._start_transfer(handoff, delay, now)
             case ActivateDestination():
                 self._activate(handoff, action, now)
@@ -299,7 +309,8 @@ class DisaggregatedFlow:
                 self._cancel_destination(handoff, action, now)
             case Complete():
                 self._catch_up(now)
-                self._dispatch_prefill(self._prefill_policy.request_ended(uid, now), now)
+                if self._prefill_policy.watches_progress:
+                    self._dispatch_prefill(self._prefill_policy.request_ended(uid, now), now)
                 self._retire_if_done(uid)
 
     def _submit_prefill(self, handoff: _Handoff, action: SubmitPrefill, now: float) -> None:
@@ -339,7 +350,7 @@ class DisaggregatedFlow:
             handoff.prefill_request = request
             self._prefill.submit(routed.worker, routed.rank, request, now)
             self._observe(self._prefill.workers[routed.worker], now)
-            self._outcome(routed.uid, handoff.submit_action, Outcome.SUBMITTED)
+            self._outcome(routed.uid, handoff.submit_action, _SUBMITTED)
 
     def _reserve_destination(
         self, handoff: _Handoff, action: ReserveDestination, now: float
@@ -372,8 +383,8 @@ class DisaggregatedFlow:
         assert handoff.decode_request is not None
         worker, rank = handoff.decode_at
         if self._decode.workers[worker].never_fits(rank, handoff.decode_request):
-            self._end(uid, now, Terminal.REJECTED)
-            self._outcome(uid, action, Outcome.FAILED)
+            self._end(uid, now, _REJECTED)
+            self._outcome(uid, action, _FAILED)
             return
         # The reference queues the reservation at once; it tries the queue then only if
         # the worker is idle, else at the end of the pass in flight.
@@ -381,11 +392,11 @@ class DisaggregatedFlow:
         if self._decode.settle_worker(worker, now):
             destination.enqueue(handoff.decode_request)
             self._decode.commanded(worker)
-            self._outcome(uid, action, Outcome.ACCEPTED)
+            self._outcome(uid, action, _ACCEPTED)
             return
         granted = destination.reserve(handoff.decode_request)
         self._decode.commanded(worker)
-        self._outcome(uid, action, Outcome.ACCEPTED)
+        self._outcome(uid, action, _ACCEPTED)
         self._grant(granted, now)
 
     def _grant(self, granted: tuple[EngineRequest, int, int] | None, now: float) -> None:
@@ -429,7 +440,7 @@ class DisaggregatedFlow:
         self._decode.commanded(worker)
         self._decode.wake(worker)
         handoff.record.destination_activated_ms = now
-        self._outcome(handoff.record.uid, action, Outcome.APPLIED)
+        self._outcome(handoff.record.uid, action, _APPLIED)
         self._grant(destination.retry(), now)
 
     def _release_source(
@@ -446,11 +457,11 @@ class DisaggregatedFlow:
             self._prefill.wake(worker)
             if isinstance(action, ReleaseSource):
                 handoff.record.source_released_ms = now
-        self._outcome(handoff.record.uid, action, Outcome.APPLIED if released else Outcome.NOOP)
+        self._outcome(handoff.record.uid, action, _APPLIED if released else _NOOP)
 
     def _cancel_destination(self, handoff: _Handoff, action: CancelDestination, now: float) -> None:
         if handoff.decode_at is None or handoff.decode_request is None:
-            self._outcome(handoff.record.uid, action, Outcome.NOOP)
+            self._outcome(handoff.record.uid, action, _NOOP)
             return
         worker = handoff.decode_at[0]
         if self._deferred_past_pass(self._decode, worker, handoff.record.uid, action, now):
@@ -458,7 +469,7 @@ class DisaggregatedFlow:
         destination = self._destination(handoff)
         cancelled = destination.cancel(handoff.decode_request)
         self._decode.commanded(worker)
-        self._outcome(handoff.record.uid, action, Outcome.APPLIED if cancelled else Outcome.NOOP)
+        self._outcome(handoff.record.uid, action, _APPLIED if cancelled else _NOOP)
         if cancelled:
             self._grant(destination.retry(), now)
 

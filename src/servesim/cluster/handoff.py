@@ -737,15 +737,16 @@ class HandoffCoordinator:
         held = self._timing is not None
         reserved = self._transferable_tokens is not None
         source_first = self._order is _SOURCE_FIRST
-        if source_first and held and not self._issued(ReserveDestination):
+        issued = self._id_of  # (what _issued asks, read once: this runs after every step)
+        if source_first and held and ReserveDestination not in issued:
             return self._issue(ReserveDestination)
-        if not source_first and reserved and not self._issued(SubmitPrefill):
+        if not source_first and reserved and SubmitPrefill not in issued:
             return self._issue(SubmitPrefill)
-        if held and reserved and not self._issued(StartTransfer):
+        if held and reserved and StartTransfer not in issued:
             return self._issue(partial(StartTransfer, delay_ms=self._transfer_delay_ms()))
-        if self._transfer_completed and not self._issued(ActivateDestination):
+        if self._transfer_completed and ActivateDestination not in issued:
             return self._issue(ActivateDestination)
-        if self._outcome_of(ActivateDestination) is _APPLIED and not self._issued(ReleaseSource):
+        if ReleaseSource not in issued and self._outcome_of(ActivateDestination) is _APPLIED:
             return self._issue(ReleaseSource)
         if self._source_clean:
             return self._issue(partial(Complete, completion=Completion.SUCCESS))
