@@ -1,7 +1,9 @@
-"""Ctrl-C: a real SIGINT to a running replay prints one line, exits 130 and leaves no file."""
+"""The command as a user runs it (``python -m servesim``, the console script's entry): Ctrl-C,
+a reader that stops early, and the output of a run that ends without tearing Python down."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -27,9 +29,8 @@ def test_sigint_stops_a_replay_cleanly(tmp_path: Path) -> None:
         *("--request-rate", "100", "--num-workers", "4"),
         *("--report-json", str(out / "report.json"), "--per-request-jsonl", str(out / "r.jsonl")),
     ]
-    code = "from servesim.cli import main; raise SystemExit(main())"
     process = subprocess.Popen(
-        [sys.executable, "-c", code, *argv],
+        [sys.executable, "-m", "servesim", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -55,10 +56,9 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first byte: the first write fails
-    code = "from servesim.cli import main; raise SystemExit(main())"
     try:
         done = subprocess.run(
-            [sys.executable, "-c", code, "replay", str(trace), "--report-json", str(report)],
+            [sys.executable, "-m", "servesim", "replay", str(trace), "--report-json", str(report)],
             stdout=write,
             stderr=subprocess.PIPE,
             text=True,
@@ -69,3 +69,22 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
         os.close(write)
     assert (done.returncode, done.stderr) == (0, "")
     assert report.is_file()
+
+
+def test_the_command_flushes_everything_before_it_exits(tmp_path: Path) -> None:
+    """The process ends right after the run (no interpreter teardown): the printed report,
+    the files and the exit code are complete, for a replay and for a usage error."""
+    trace = Path(__file__).parents[1] / "examples" / "mooncake_conversation_200.jsonl"
+    report, rows = tmp_path / "report.json", tmp_path / "requests.jsonl"
+    argv = [sys.executable, "-m", "servesim", "replay", str(trace), "--num-workers", "2"]
+    files = ["--report-json", str(report), "--per-request-jsonl", str(rows)]
+    done = subprocess.run([*argv, *files], capture_output=True, text=True, timeout=120, check=False)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("servesim 0.1.0 · simulated serving run\n")
+    assert done.stdout.endswith(f"Saved full report to: {report}\n")  # its last line
+    assert json.loads(report.read_text())["summary"]["completed_requests"] == 200
+    assert len(rows.read_text().splitlines()) == 200
+    wrong = subprocess.run([*argv, "--bogus"], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2
+    assert wrong.stdout == ""
+    assert "unrecognized arguments: --bogus" in wrong.stderr
