@@ -28,9 +28,9 @@ capacity, and the hash stays visible until its last copy is evicted.
 Invariants (checked by :meth:`check`): every block is exactly one of free
 (no hash), inactive (in the LRU: a hashed block with no references, or in a
 run) or active (on neither list); every hashed block is listed under its hash;
-and, given the block tables that hold them, each hashed block's reference
-count is the number of tables listing it, and every other active block is
-listed by exactly one table.
+an unhashed block has no references; and, given the block tables that hold
+them, each hashed block's reference count is the number of tables listing
+it, and every other active block is listed by exactly one table.
 
 KV events, when a sink is attached, mirror the reference: ``Stored`` for runs
 of consecutive blocks whose hash became visible (0 -> 1 copies), with the
@@ -102,8 +102,8 @@ class BlockPool:
         self._next_id = 0
         self._free: list[BlockId] = []
         self._free_head = 0
-        # Per-block state, for ids handed out so far; _refs is meaningful for hashed blocks,
-        # _queued counts a block's entries in the LRU queue (live or stale).
+        # Per-block state, for ids handed out so far; _refs counts a hashed block's holders
+        # (always 0 for an unhashed one, which is how release tells it), _queued counts a block's entries in the LRU queue (live or stale).
         self._hash: list[BlockHash | None] = []
         self._refs: list[int] = []
         self._queued: list[int] = []
@@ -241,11 +241,14 @@ class BlockPool:
             pinned_inactive = sum(1 for b in picks if not refs[b])  # in the LRU
             if shortfall > self._inactive - pinned_inactive:
                 return False
+        table += picks
+        taken = 0
         for block in picks:
-            if refs[block] == 0:  # out of the LRU: its entry there goes stale
-                self._inactive -= 1
-            refs[block] += 1
-            table.append(block)
+            held = refs[block]
+            if not held:  # out of the LRU: its entry there goes stale
+                taken += 1
+            refs[block] = held + 1
+        self._inactive -= taken
         if num_new <= 0:
             return True
         table += self._take_free(num_new - max(shortfall, 0))
@@ -359,7 +362,7 @@ class BlockPool:
                 enter the LRU as one run; the rest are freed.
             cached_to: see ``exclusive_from``.
         """
-        refs, block_hash, queue, free = self._refs, self._hash, self._queue, self._free
+        refs, queue, free = self._refs, self._queue, self._free
         start = len(table) if exclusive_from is None else min(exclusive_from, len(table))
         if start < len(table):
             cached = max(start, min(cached_to, len(table)))
@@ -381,17 +384,18 @@ class BlockPool:
                         runs.popleft()
                     runs.append((end - len(run), end))
         inactive = 0
-        queued = self._queued
+        queued, enqueue = self._queued, queue.append
         for block in table[start - 1 :: -1] if start else ():
-            if block_hash[block] is None:
-                free.append(block)  # private
-                continue
-            left = refs[block] - 1
-            refs[block] = left
-            if not left:
-                queue.append(block)
+            held = refs[block]
+            if held == 1:  # its last holder: into the LRU
+                refs[block] = 0
+                enqueue(block)
                 queued[block] += 1
                 inactive += 1
+            elif held:
+                refs[block] = held - 1
+            else:
+                free.append(block)  # private (an unhashed block has no references)
         self._inactive += inactive
         table.clear()
         if len(queue) > 2 * self._inactive + 4096:
@@ -464,6 +468,9 @@ class BlockPool:
         for block in active:
             if block_hash[block] is not None:
                 assert refs[block] > 0, f"active hashed block {block} has no references"
+        for block in range(handed):
+            if block_hash[block] is None:  # (release tells a private block by this)
+                assert refs[block] == 0, f"unhashed block {block} has references"
         indexed = list(self._by_hash.values())
         for h, block in self._by_hash.items():
             assert block_hash[block] == h, f"hash index points {h} at block {block}"
