@@ -80,6 +80,25 @@ def test_missing_hash_ids(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     _fails(tmp_path, capsys, str(trace), expect=[f"{trace}:2", "hash_ids"])
 
 
+@pytest.mark.parametrize(
+    ("hash_ids", "found"),
+    [
+        ([1, True], "True"),
+        ([1, -2], "-2"),
+        ([1, 2.0], "2.0"),
+        (["x", 1], "'x'"),
+        ([3, None], "None"),
+    ],
+)
+def test_bad_hash_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], hash_ids: list[Any], found: str
+) -> None:
+    """A hash id that is not a non-negative integer (a bool is not one) is named with its line."""
+    trace = _trace(tmp_path, GOOD_ROW, _row(hash_ids=hash_ids))
+    err = _fails(tmp_path, capsys, str(trace), expect=[f"{trace}:2"])
+    assert err.endswith(f"'hash_ids' must hold non-negative integers, found {found}\n"), err
+
+
 def test_missing_output_length(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A row without ``output_length`` names the field and its line."""
     trace = _trace(tmp_path, _row(output_length=None))
