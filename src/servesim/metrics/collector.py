@@ -409,16 +409,18 @@ class Collector:
             return
         times = np.concatenate([t for _, _, t in windows])
         lengths = [len(t) for _, _, t in windows]
-        # Each time's predecessor: the time before it, or its window's prev_end.
-        previous = np.empty_like(times)
-        previous[1:] = times[:-1]
+        # Each time less its predecessor: the time before it, or its window's prev_end.
+        gaps = np.empty_like(times)
+        np.subtract(times[1:], times[:-1], out=gaps[1:])
         starts = np.cumsum([0, *lengths[:-1]])
-        previous[starts] = [prev_end for prev_end, _, _ in windows]
-        gaps = times - previous
+        gaps[starts] = times[starts] - [prev_end for prev_end, _, _ in windows]
         weights = np.repeat(np.array([count for _, count, _ in windows]), lengths)
         self._itl.add_many(gaps, weight=weights)
         positive = gaps > 0.0
-        self._per_user.add_many(1000.0 / gaps[positive], weight=weights[positive])
+        if positive.all():
+            self._per_user.add_many(1000.0 / gaps, weight=weights)
+        else:
+            self._per_user.add_many(1000.0 / gaps[positive], weight=weights[positive])
         windows.clear()
         self._window_tokens = 0
 

@@ -136,41 +136,55 @@ class GapSketch:
                 self._fold()
 
     def _fold(self) -> None:
-        if not self._pending:
+        pending = self._pending
+        if not pending:
             return
-        values = np.concatenate([v for v, _ in self._pending])
-        weights = np.concatenate(
-            [
-                w.astype(np.float64) if isinstance(w, np.ndarray) else np.full(len(v), float(w))
-                for v, w in self._pending
-            ]
-        )
-        self._pending.clear()
+        if len(pending) == 1:  # (one batch: its arrays as they are)
+            values, given = pending[0]
+            weights = given if isinstance(given, np.ndarray) else np.full(len(values), float(given))
+        else:
+            values = np.concatenate([v for v, _ in pending])
+            weights = np.concatenate(
+                [w if isinstance(w, np.ndarray) else np.full(len(v), float(w)) for v, w in pending]
+            )
+        pending.clear()
         self._pending_size = 0
+        # Integer weights (a window's request counts) give the same products and sums as
+        # their float values: every one of them, and every sum, is a whole number below 2^53.
         n = float(weights.sum())
         total = self.count + n
         mean_b = float((values * weights).sum() / n)
-        m2_b = float((weights * (values - mean_b) ** 2).sum())
+        spread = values - mean_b
+        spread *= spread  # (what ** 2 computes)
+        spread *= weights
+        m2_b = float(spread.sum())
         delta = mean_b - self.mean
         self._m2 += m2_b + delta * delta * self.count * n / total
         self.mean += delta * n / total
         self.count = int(total)
-        self.min = min(self.min, float(values.min()))
+        low_value = float(values.min())
+        self.min = min(self.min, low_value)
         self.max = max(self.max, float(values.max()))
-        indexable = values >= self._min_indexable
-        self.zeros += int(weights[~indexable].sum())
-        keys = np.ceil(np.log(values[indexable]) * self._inv_ln_gamma).astype(np.int64)
-        if not len(keys):
+        if low_value < self._min_indexable:  # (rare: zero gaps)
+            indexable = values >= self._min_indexable
+            self.zeros += int(weights[~indexable].sum())
+            values, weights = values[indexable], weights[indexable]
+        if not len(values):
             return
+        logs = np.log(values)
+        logs *= self._inv_ln_gamma
+        np.ceil(logs, out=logs)
+        keys = logs.astype(np.int64)
         # Count by bucket offset: the keys of a batch span a few thousand buckets at
         # most (a factor 1.002 each), and bincount needs no sort, unlike np.unique.
         low = int(keys.min())
         span = int(keys.max()) - low + 1
         if span > 4 * len(keys) + 4096:  # scattered over many decades: sorting is cheaper
             unique, inverse = np.unique(keys, return_inverse=True)
-            counts = np.bincount(inverse, weights=weights[indexable])
+            counts = np.bincount(inverse, weights=weights)
         else:
-            counts = np.bincount(keys - low, weights=weights[indexable], minlength=span)
+            keys -= low
+            counts = np.bincount(keys, weights=weights, minlength=span)
             unique = counts.nonzero()[0]
             counts = counts[unique]
             unique += low
