@@ -146,6 +146,10 @@ class DecodePlan:
             :meth:`VllmScheduler.plan_decode`), the passes of constant membership
             as (end pass index, exclusive; members decoding in them), in order;
             empty: ``members`` decode in every pass.
+        prompt: a request that computes ``chunk`` more prompt tokens in every
+            planned pass, beside the members, and not its last ones (None: none).
+        prefill_durations: then each pass's prefill part; ``durations`` is its
+            decode part, and a pass ends at (start + prefill part) + decode part.
     """
 
     members: int
@@ -155,6 +159,9 @@ class DecodePlan:
     durations: np.ndarray
     removals: list[tuple[int, int]]
     stretches: list[tuple[int, int]] = field(default_factory=list)
+    prompt: EngineRequest | None = None
+    chunk: int = 0
+    prefill_durations: np.ndarray | None = None
 
 
 class RankScheduler(Protocol):

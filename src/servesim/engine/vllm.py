@@ -424,8 +424,10 @@ class VllmScheduler:
         a plan the worker drops (another rank could not plan) leaves no trace.
         """
         running = self.running
-        if self.waiting or self._others or not running or len(running) > self._max_tokens:
+        if self.waiting or not running or len(running) > self._max_tokens:
             return None
+        if self._others:
+            return self._plan_chunks(limit)
         if self._connector or (self._offload is not None and not self._offload.idle()):
             return None  # a copy under way may complete, or fence a new block, mid-window
         members, step, bs = self._members, self._step, self.block_size
@@ -465,6 +467,75 @@ class VllmScheduler:
             seconds=list(self._fresh),
             durations=durations,
             removals=removals,
+        )
+
+    def _plan_chunks(self, limit: int) -> DecodePlan | None:
+        """Up to ``limit`` passes in which the one running request that is not a member
+        computes its prompt on, a full chunk a pass, and the members decode.
+
+        Its chunk is the budget the members leave, as stepping gives it when it
+        is the last running request. The plan stops before the pass of its last
+        chunk (which emits its first token), at the pass in which the first
+        member finishes, and before a pass whose new blocks the free and
+        evictable blocks could not supply. Only without KV events, host or
+        connector copies, speculative decoding and forward-pass metrics (whose
+        passes would need more than a count of decoding members); None when
+        fewer than two passes qualify.
+        """
+        running, members, step, pool = self.running, self._members, self._step, self.pool
+        request = running[-1]
+        if (
+            len(self._others) != 1
+            or request in members
+            or request.generated
+            or not request.num_computed
+            or not self.config.enable_chunked_prefill
+            or pool.events is not None
+            or self._offload is not None
+            or self._connector
+            or self._sampler is not None
+            or self.measure_fpm
+        ):
+            return None
+        n, bs = len(members), self.block_size
+        chunk = self._max_tokens - n
+        left = request.prompt_len - request.num_computed
+        passes = min(limit, -(-left // chunk) - 1)  # (chunk >= 1: the running fit the budget)
+        if members:
+            passes = min(passes, min(r.finish_step for r in members) - step)
+        spare = pool.num_free + pool.num_inactive
+        while passes >= 2:
+            computed = request.num_computed + passes * chunk
+            blocks = -(-computed // bs) - len(request.blocks)
+            blocks += sum(
+                len(range((-(r.cohort_base + step + 1)) % bs, passes, bs)) for r in members
+            )
+            if blocks <= spare:
+                break
+            passes -= 1
+        if passes < 2:
+            return None
+        timing, computed = self.timing, request.num_computed
+        prefill = np.zeros(passes)
+        if self._computes_prompt:
+            for j in range(passes):
+                ms = timing.prefill_ms(1, computed + chunk, computed)
+                prefill[j] = pass_duration(ms, timing.prefill_divisor)
+                computed += chunk
+        if n and self._decodes:
+            decode = self._decode_durations(n, self._sum_base + n * (step + 2), passes)
+        else:
+            decode = np.zeros(passes)
+        return DecodePlan(
+            members=n,
+            first_step=step + 1,
+            prev_end_ms=self.last_emit_ms,
+            seconds=list(self._fresh),
+            durations=decode,
+            removals=[],
+            prompt=request,
+            chunk=chunk,
+            prefill_durations=prefill,
         )
 
     def _plan_through_finishes(self, passes: int) -> DecodePlan | None:
@@ -517,6 +588,35 @@ class VllmScheduler:
             removals=[],
             stretches=stretches,
         )
+
+    def _commit_chunks(
+        self, plan: DecodePlan, first: int, pass_ends: np.ndarray
+    ) -> list[EngineRequest]:
+        """Passes of a :meth:`_plan_chunks` plan, in stepping's order within each: the
+        members' block boundaries, the prompt's chunk, then the members that finish."""
+        request = plan.prompt
+        assert request is not None
+        finished = []
+        due_steps = self._due_steps
+        for step in range(first, first + len(pass_ends)):
+            ending = []
+            if due_steps and due_steps[0] == step:
+                heapq.heappop(due_steps)
+                for member in self._take_due(step):
+                    if step == member.finish_step:
+                        self._block_events(member, step)
+                        ending.append(member)
+                    else:
+                        self._advance_member(member, step)
+            self._budget = plan.chunk
+            outcome = self._schedule(request, from_waiting=False)
+            assert outcome is _SCHEDULED, "a chunk outran the pool"
+            for member in ending:
+                self._leave(member, step, float(pass_ends[step - first]))
+                self._finish(member)
+            finished += ending
+        self._step = first + len(pass_ends) - 1
+        return finished
 
     def _commit_per_member(self, first: int, last: int) -> list[EngineRequest]:
         """Passes ``first..last`` of the cohort, member by member (see :meth:`commit_decode`)."""
@@ -576,6 +676,8 @@ class VllmScheduler:
         passes = len(pass_ends)
         first, last = plan.first_step, plan.first_step + passes - 1
         self._fresh = []  # their second tokens are the plan's (see DecodePlan.seconds)
+        if plan.prompt is not None:
+            return self._commit_chunks(plan, first, pass_ends)
         if not plan.stretches and self.pool.events is None and passes >= self.block_size:
             finished = self._commit_per_member(first, last)
             self._step = last

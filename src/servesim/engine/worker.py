@@ -302,7 +302,10 @@ class Worker:
         """
         window = self._window
         if window is not None:
-            self._apply(window, max(1, int(window.ends.searchsorted(limit, side="right"))))
+            passes = int(window.ends.searchsorted(limit, side="right"))
+            if any(plan.prompt is not None for _, plan in window.plans):
+                passes += 1  # a prompt's chunk counts from its pass's start, as stepping's
+            self._apply(window, min(len(window.ends), max(1, passes)))
         done = self._outputs
         out = PassOutputs()
         # Passes applied to the ranks' state whose ends come after the cap, and when the
@@ -521,7 +524,7 @@ class Worker:
                         break
                     out.cohorts.append((before, members, stretch))
                     before, start = float(stretch[-1]), stop
-            else:
+            elif plan.members:  # (a prompt's chunks may run beside no member)
                 out.cohorts.append((plan.prev_end_ms, plan.members, times))
             if plan.seconds:
                 out.seconds.append((plan.seconds, float(times[0])))
@@ -564,17 +567,31 @@ class Worker:
                 if plan is None:
                     return None
                 plans.append((rank, plan))
-        durations = plans[0][1].durations
+        first = plans[0][1]
+        durations = first.durations
         passes = len(durations)
-        if len(plans) > 1:  # as many passes as every rank planned, each as slow as the slowest
-            passes = min(len(plan.durations) for _, plan in plans)
-            durations = durations[:passes]
-            for _, plan in plans[1:]:
-                durations = np.maximum(durations, plan.durations[:passes])
-        # Sequential sums, as the clock advances pass by pass (now + d0, then + d1, ...).
-        ends = durations.copy()
-        ends[0] += now
-        ends = _running_sum(ends)
+        if first.prefill_durations is not None:
+            # A prompt's chunks: on a lone rank, and with no metrics that count its passes.
+            if len(plans) > 1 or self.fpms is not None or self.published is not None:
+                return None
+            # Each pass as the clock advances: + its prefill part, then + its decode part.
+            parts = np.empty(2 * passes)
+            parts[0::2] = first.prefill_durations
+            parts[1::2] = durations
+            parts[0] += now
+            ends = _running_sum(parts)[1::2].copy()
+        else:
+            if len(plans) > 1:  # as many passes as every rank planned, each as slow as the slowest
+                passes = min(len(plan.durations) for _, plan in plans)
+                durations = durations[:passes]
+                for _, plan in plans[1:]:
+                    if plan.prefill_durations is not None:
+                        return None
+                    durations = np.maximum(durations, plan.durations[:passes])
+            # Sequential sums, as the clock advances pass by pass (now + d0, then + d1, ...).
+            ends = durations.copy()
+            ends[0] += now
+            ends = _running_sum(ends)
         self._window = _Window(plans=plans, ends=ends, start=now)
         self._serial += 1
         self._valid_passes = passes
