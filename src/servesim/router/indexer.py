@@ -55,21 +55,20 @@ class KvIndexer:
         get = self._holders.get
         matching = get(hashes[0], 0) if hashes else 0
         found: dict[int, int] = {}
-        depth = 0
-        for h in hashes:
+        for depth, h in enumerate(hashes):
             still = matching & get(h, 0)
-            dropped = matching & ~still
-            while dropped:
-                low = dropped & -dropped
-                found[low.bit_length() - 1] = depth
-                dropped ^= low
-            matching = still
-            if not matching:
-                return found
-            depth += 1
+            if still != matching:  # (rare: most blocks are held by the same targets as the last)
+                dropped = matching & ~still
+                while dropped:
+                    low = dropped & -dropped
+                    found[low.bit_length() - 1] = depth
+                    dropped ^= low
+                matching = still
+                if not matching:
+                    return found
         while matching:
             low = matching & -matching
-            found[low.bit_length() - 1] = depth
+            found[low.bit_length() - 1] = len(hashes)
             matching ^= low
         return found
 
