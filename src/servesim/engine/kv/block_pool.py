@@ -102,8 +102,9 @@ class BlockPool:
         self._next_id = 0
         self._free: list[BlockId] = []
         self._free_head = 0
-        # Per-block state, for ids handed out so far; _refs counts a hashed block's holders
-        # (always 0 for an unhashed one, which is how release tells it), _queued counts a block's entries in the LRU queue (live or stale).
+        # Per-block state, for ids handed out so far: _refs counts a hashed block's holders
+        # (always 0 for an unhashed one, which is how release tells it); _queued counts a
+        # block's entries in the LRU queue (live or stale).
         self._hash: list[BlockHash | None] = []
         self._refs: list[int] = []
         self._queued: list[int] = []
