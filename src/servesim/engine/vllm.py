@@ -602,18 +602,11 @@ class VllmScheduler:
             ending = []
             if due_steps and due_steps[0] == step:
                 heapq.heappop(due_steps)
-                for member in self._take_due(step):
-                    if step == member.finish_step:
-                        self._block_events(member, step)
-                        ending.append(member)
-                    else:
-                        self._advance_member(member, step)
+                ending = self._visit_due(step)
             self._budget = plan.chunk
             outcome = self._schedule(request, from_waiting=False)
             assert outcome is _SCHEDULED, "a chunk outran the pool"
-            for member in ending:
-                self._leave(member, step, float(pass_ends[step - first]))
-                self._finish(member)
+            self._end_members(ending, step, float(pass_ends[step - first]))
             finished += ending
         self._step = first + len(pass_ends) - 1
         return finished
@@ -681,28 +674,36 @@ class VllmScheduler:
         if not plan.stretches and self.pool.events is None and passes >= self.block_size:
             finished = self._commit_per_member(first, last)
             self._step = last
-            for request in finished:
-                self._leave(request, last, float(pass_ends[-1]))
-                self._finish(request)
+            self._end_members(finished, last, float(pass_ends[-1]))
             return finished
         finished = []
         due_steps = self._due_steps
         while due_steps and due_steps[0] <= last:
             step = heapq.heappop(due_steps)
-            ending = []
-            for request in self._take_due(step):
-                if step == request.finish_step:
-                    assert step == last or plan.stretches, "a plan ends with a last token"
-                    self._block_events(request, step)
-                    ending.append(request)
-                else:
-                    self._advance_member(request, step)
-            for request in ending:
-                self._leave(request, step, float(pass_ends[step - first]))
-                self._finish(request)
+            ending = self._visit_due(step)
+            assert not ending or step == last or plan.stretches, "a plan ends with a last token"
+            self._end_members(ending, step, float(pass_ends[step - first]))
             finished += ending
         self._step = last
         return finished
+
+    def _visit_due(self, step: int) -> list[EngineRequest]:
+        """The block boundaries of the members filed under pass ``step`` (then filed under
+        their next one); returns those whose last token it is."""
+        ending = []
+        for request in self._take_due(step):
+            if step == request.finish_step:
+                self._block_events(request, step)
+                ending.append(request)
+            else:
+                self._advance_member(request, step)
+        return ending
+
+    def _end_members(self, ending: list[EngineRequest], step: int, last_ms: float) -> None:
+        """Members whose last token came in pass ``step`` (ended at ``last_ms``) leave and finish."""
+        for request in ending:
+            self._leave(request, step, last_ms)
+            self._finish(request)
 
     # ----- decode cohort -----
 
