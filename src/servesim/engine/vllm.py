@@ -156,6 +156,10 @@ class VllmScheduler:
         # Members that left the cohort since the last call of take_catch_ups.
         self.catch_ups: list[CatchUp] = []
         self._window_durations: dict[tuple[int, int, int], np.ndarray] = {}
+        # Plans through finishes by their shape (see _plan_through_finishes).
+        self._stretch_plans: dict[
+            tuple[int, tuple[tuple[int, int], ...]], tuple[np.ndarray, list[tuple[int, int]]]
+        ] = {}
         # Set by the worker when nothing outside the rank reacts to a request's end before
         # a window's end: windows may then run past members' last tokens (plan_decode).
         self.windows_span_finishes = False
@@ -562,32 +566,60 @@ class VllmScheduler:
                 passes = needs[spare]
         if passes < 2:
             return None
-        n, bases = len(members), self._sum_base
-        parts: list[np.ndarray] = []
-        stretches: list[tuple[int, int]] = []
-        start = 0
-        # Members in the order they leave: each ends a stretch with its last pass (none
-        # when it leaves in the same pass as the one before it), then stops counting.
-        for finish, base in sorted((r.finish_step - step, r.cohort_base) for r in members):
-            if start >= passes:
-                break
-            end = min(finish, passes)  # the stretch's passes: start..end - 1
-            if end > start:
-                context = bases + n * (step + start + 2)  # the members' lengths before it
-                parts.append(self._decode_durations(n, context, end - start))
-                stretches.append((end, n))
-                start = end
-            bases -= base
-            n -= 1
+        # Each member's passes to its last token and its length, both from this pass on:
+        # the plan's shape, which a steady workload plans again and again.
+        shape = (
+            passes,
+            tuple(sorted((r.finish_step - step, r.cohort_base + step) for r in members)),
+        )
+        priced = self._stretch_plans.get(shape)
+        if priced is None:
+            if len(self._stretch_plans) >= 256:
+                self._stretch_plans.clear()
+            priced = self._stretch_plans[shape] = self._price_stretches(*shape)
+        durations, stretches = priced
         return DecodePlan(
             members=stretches[0][1],
             first_step=step + 1,
             prev_end_ms=self.last_emit_ms,
             seconds=list(self._fresh),
-            durations=parts[0] if len(parts) == 1 else np.concatenate(parts),
+            durations=durations,
             removals=[],
             stretches=stretches,
         )
+
+    def _price_stretches(
+        self, passes: int, leaving: tuple[tuple[int, int], ...]
+    ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """The durations and stretches of ``passes`` passes of members that leave in the order
+        of ``leaving``: (passes to its last token, its length before them) each, ascending.
+
+        A pure function of its arguments (see :meth:`_plan_through_finishes`); read-only for
+        callers.
+        """
+        n = len(leaving)
+        lengths = sum(length for _, length in leaving)
+        parts: list[np.ndarray] = []
+        stretches: list[tuple[int, int]] = []
+        start = 0
+        # Each member ends a stretch with its last pass (none when it leaves in the same
+        # pass as the one before it), then stops counting.
+        for finish, length in leaving:
+            if start >= passes:
+                break
+            end = min(finish, passes)  # the stretch's passes: start..end - 1
+            if end > start:
+                context = lengths + n * (start + 2)  # the members' lengths before it
+                parts.append(self._decode_durations(n, context, end - start))
+                stretches.append((end, n))
+                start = end
+            lengths -= length
+            n -= 1
+        if len(parts) == 1:
+            return parts[0], stretches
+        durations = np.concatenate(parts)
+        durations.flags.writeable = False
+        return durations, stretches
 
     def _commit_chunks(
         self, plan: DecodePlan, first: int, pass_ends: np.ndarray
