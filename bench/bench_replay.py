@@ -278,13 +278,23 @@ def print_metrics(ours: Run, ref: Run | None) -> None:
         print(f"{key:<28}{fmt(ours.summary.get(key)):>16}{theirs:>16}".rstrip())
 
 
-def table_row(title: str, ours: Run, ref: Run | None, ratio: float | None) -> str:
+def ratio_cell(ratios: list[float]) -> str:
+    """The median of the turns' ratios, with their range when there were several turns."""
+    if not ratios:
+        return "n/a"
+    median = sorted(ratios)[(len(ratios) - 1) // 2]
+    if len(ratios) == 1:
+        return f"{median:.2f}"
+    return f"{median:.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
+
+
+def table_row(title: str, ours: Run, ref: Run | None, ratios: list[float]) -> str:
     cells = [
         title,
         f"{ours.summary.get('completed_requests', 0):,}",
         f"{ours.wall_s:.1f} s",
         f"{ref.wall_s:.1f} s" if ref else "n/a",
-        f"{ratio:.2f}" if ratio is not None else "n/a",
+        ratio_cell(ratios),
         f"{ours.peak_rss_mb:.0f} MB" + (f" ({ref.peak_rss_mb:.0f} MB)" if ref else ""),
         f"{ours.requests_per_s:,.0f}",
     ]
@@ -328,7 +338,7 @@ def run_benchmark(name: str, args: argparse.Namespace, out_root: Path) -> str:
                 "WARNING: the simulators completed different request counts: not the same workload"
             )
     print_metrics(ours, ref)
-    return table_row(title, ours, ref, ratio)
+    return table_row(title, ours, ref, ratios)
 
 
 def main() -> int:
@@ -339,7 +349,8 @@ def main() -> int:
     out_root = args.out or Path(tempfile.mkdtemp(prefix="bench-replay-"))
     rows = [run_benchmark(name, args, out_root) for name in (args.benchmarks or DEFAULT)]
     print(
-        "\n| benchmark | requests | servesim | reference | ratio | peak RSS (reference) | servesim req/s |"
+        "\n| benchmark | requests | servesim | reference | ratio (turns) | peak RSS (reference) "
+        "| servesim req/s |"
     )
     print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
