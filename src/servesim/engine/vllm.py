@@ -638,8 +638,9 @@ class VllmScheduler:
             self._budget = plan.chunk
             outcome = self._schedule(request, from_waiting=False)
             assert outcome is _SCHEDULED, "a chunk outran the pool"
-            self._end_members(ending, step, float(pass_ends[step - first]))
-            finished += ending
+            if ending:
+                self._end_members(ending, step, float(pass_ends[step - first]))
+                finished += ending
         self._step = first + len(pass_ends) - 1
         return finished
 
@@ -713,9 +714,10 @@ class VllmScheduler:
         while due_steps and due_steps[0] <= last:
             step = heapq.heappop(due_steps)
             ending = self._visit_due(step)
-            assert not ending or step == last or plan.stretches, "a plan ends with a last token"
-            self._end_members(ending, step, float(pass_ends[step - first]))
-            finished += ending
+            if ending:  # (most steps only give members their next block)
+                assert step == last or plan.stretches, "a plan ends with a last token"
+                self._end_members(ending, step, float(pass_ends[step - first]))
+                finished += ending
         self._step = last
         return finished
 
