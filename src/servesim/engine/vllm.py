@@ -156,6 +156,8 @@ class VllmScheduler:
         # Members that left the cohort since the last call of take_catch_ups.
         self.catch_ups: list[CatchUp] = []
         self._window_durations: dict[tuple[int, int, int], np.ndarray] = {}
+        # The latest stepped pass after which requests still waited (see plan_decode).
+        self._waited_step = -1
         # Plans through finishes by their shape (see _plan_through_finishes).
         self._stretch_plans: dict[
             tuple[int, tuple[tuple[int, int], ...]], tuple[np.ndarray, list[tuple[int, int]]]
@@ -330,6 +332,8 @@ class VllmScheduler:
         result.progressed |= bool(
             cohort or self._scheduled or result.finished or result.rejected or result.preempted
         )
+        if self.waiting:
+            self._waited_step = self._step
         return result
 
     def _scheduled_work(self) -> tuple[list[int], int, int, list[int]]:
@@ -416,22 +420,27 @@ class VllmScheduler:
     def plan_decode(self, limit: int) -> DecodePlan | None:
         """Plan up to ``limit`` passes that would each be one decode step for every running request.
 
-        That holds while nothing waits, every running request is a cohort
-        member (a steady decoder joins after its next token), the token budget
-        covers them all and the pool can give each block boundary a block
-        without preempting. The plan stops at the pass in which the first
-        member finishes, unless ``windows_span_finishes`` is set (nothing outside
-        the rank reacts to a request's end before the window is applied): then it
-        runs on towards the last member's last token, in stretches of fewer
-        members (see :meth:`_plan_through_finishes`). Returns None when fewer than two
-        passes qualify (a normal pass is then as cheap). Planning changes nothing:
-        a plan the worker drops (another rank could not plan) leaves no trace.
+        That holds while nothing waits (or what waits cannot be admitted before a
+        member finishes, see :meth:`_waiting_blocked`, looked at once a stepped
+        pass has left it waiting), every running request is a cohort member (a
+        steady decoder joins after its next token), the token budget covers them
+        all and the pool can give each block boundary a block without
+        preempting. The plan stops at the pass in which the first member
+        finishes, unless ``windows_span_finishes`` is set (nothing outside the
+        rank reacts to a request's end before the window is applied) and nothing
+        waits: then it runs on towards the last member's last token, in
+        stretches of fewer members (see :meth:`_plan_through_finishes`). Returns
+        None when fewer than two passes qualify (a normal pass is then as
+        cheap). Planning changes nothing: a plan the worker drops (another rank
+        could not plan) leaves no trace.
         """
         running = self.running
-        if self.waiting or not running or len(running) > self._max_tokens:
+        if not running or len(running) > self._max_tokens:
             return None
+        if self.waiting and (self._waited_step != self._step or not self._waiting_blocked()):
+            return None  # (a request that waits through a stepped pass may be blocked)
         if self._others:
-            return self._plan_chunks(limit)
+            return None if self.waiting else self._plan_chunks(limit)
         if self._connector or (self._offload is not None and not self._offload.idle()):
             return None  # a copy under way may complete, or fence a new block, mid-window
         members, step, bs = self._members, self._step, self.block_size
@@ -439,7 +448,7 @@ class VllmScheduler:
         finishes = [r.finish_step for r in members]
         passes = min(limit, min(finishes) - step)
         pool = self.pool
-        if self.windows_span_finishes and pool.events is None:
+        if self.windows_span_finishes and pool.events is None and not self.waiting:
             through = min(limit, max(finishes) - step)
             if through > passes:
                 return self._plan_through_finishes(through)
@@ -472,6 +481,28 @@ class VllmScheduler:
             durations=durations,
             removals=removals,
         )
+
+    def _waiting_blocked(self) -> bool:
+        """Whether no waiting request can be admitted before a running request ends.
+
+        True when the running slots are full, or when the FIFO head does not fit
+        (and would not be rejected): decode-only passes only take blocks (from
+        the free list or by evicting, which can only shorten the head's cached
+        prefix), so the head's admission check fails at each of them until a
+        request ends and releases its blocks. Not on a decode rank (whose head
+        depends on reservations and transfers) nor with host or connector copies
+        (whose lookups have effects of their own).
+        """
+        if self._offload is not None or self._connector or isinstance(self.role, DestinationRole):
+            return False
+        if len(self.running) >= self._max_seqs:
+            return True
+        head = self.waiting[0]
+        if not self._no_evict and -(-self._footprint(head) // self.block_size) <= (
+            self.config.num_gpu_blocks - self.pool.num_active
+        ):
+            return False  # it fits, whatever prefix it finds cached (the common case)
+        return self._admission(head) is None
 
     def _plan_chunks(self, limit: int) -> DecodePlan | None:
         """Up to ``limit`` passes in which the one running request that is not a member

@@ -1,0 +1,90 @@
+"""Decode windows while the waiting queue's head cannot be admitted.
+
+A KV cache too small for the load keeps requests waiting. Decode-only passes
+only take blocks, so a head that does not fit now fails its admission check
+at every pass until a running request ends: those passes are planned as a
+window (ending at the first member's last token, even where windows may
+otherwise run through finishes), and every request's record is what
+stepping every pass gives.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from servesim import RunConfig, SyntheticWorkload, run
+from servesim.config import parse_engine_args
+from servesim.engine.scheduler import DecodePlan
+from servesim.engine.vllm import VllmScheduler
+
+# Room for four requests' 100 + 40 tokens (nine blocks each) in 40 blocks of 16 tokens.
+SMALL_KV = {"block_size": 16, "num_gpu_blocks": 40}
+# Room for all of them, but three running at most.
+THREE_SEQS = {"block_size": 16, "max_num_seqs": 3}
+
+
+def replay(engine: dict[str, Any], *, exact_passes: bool, **arrivals: Any) -> list[Any]:
+    interval = arrivals.pop("arrival_interval_ms", None)
+    report = run(
+        RunConfig(
+            synthetic=SyntheticWorkload(
+                input_tokens=100,
+                output_tokens=40,
+                request_count=30,
+                **({} if interval is None else {"arrival_interval_ms": interval}),
+            ),
+            engine=parse_engine_args(engine),
+            exact_passes=exact_passes,
+            **arrivals,
+        )
+    )
+    return report.records
+
+
+def assert_same_records(fast: list[Any], exact: list[Any]) -> None:
+    assert len(fast) == len(exact) == 30
+    for f, e in zip(fast, exact, strict=True):
+        for name in ("first_admit_ms", "first_token_ms", "second_token_ms", "last_token_ms"):
+            # Window ends are sums of durations, the passes' a running total.
+            assert math.isclose(getattr(f, name), getattr(e, name), rel_tol=0, abs_tol=1e-9), name
+        assert (f.output_length, f.terminal_status) == (e.output_length, e.terminal_status)
+
+
+@pytest.mark.parametrize(
+    ("engine", "arrivals", "expected"),
+    [
+        # A closed loop of 12: eight wait while four run.
+        (SMALL_KV, {"replay_concurrency": 12}, {"windows": 23, "while waiting": 21}),
+        # An open loop that outruns the worker (one request every 5 ms), where windows
+        # would run through members' finishes but for the waiting head.
+        (SMALL_KV, {"arrival_interval_ms": 5.0}, {"windows": 23, "while waiting": 22}),
+        # The running slots are full: the head would fit but waits for one.
+        (THREE_SEQS, {"replay_concurrency": 12}, {"windows": 10, "while waiting": 9}),
+    ],
+)
+def test_a_blocked_head_waits_through_windows(
+    monkeypatch: pytest.MonkeyPatch,
+    engine: dict[str, Any],
+    arrivals: dict[str, Any],
+    expected: dict[str, int],
+) -> None:
+    planned: Counter[str] = Counter()
+    plan_decode = VllmScheduler.plan_decode
+
+    def counted(self: VllmScheduler, limit: int) -> DecodePlan | None:
+        plan = plan_decode(self, limit)
+        if plan is not None:
+            planned["windows"] += 1
+            if self.waiting:
+                planned["while waiting"] += 1
+                assert not plan.stretches, "a window with a waiting head ends at a finish"
+        return plan
+
+    monkeypatch.setattr(VllmScheduler, "plan_decode", counted)
+    fast = replay(engine, exact_passes=False, **dict(arrivals))
+    assert planned == expected  # (counted on these runs: most windows form while others wait)
+    assert_same_records(fast, replay(engine, exact_passes=True, **dict(arrivals)))
