@@ -133,18 +133,23 @@ def replay_synthetic(
     engine: Mapping[str, object],
     *,
     exact_passes: bool = False,
+    arrival_interval_ms: float | None = 0.0,
+    **run_keys: Any,
 ) -> Report:
-    """``count`` synthetic requests of ``inputs`` / ``outputs`` tokens, all arriving at 0, on one worker."""
+    """``count`` synthetic requests of ``inputs`` / ``outputs`` tokens on one worker, arriving
+    ``arrival_interval_ms`` apart (all at 0 by default; None with a ``replay_concurrency``
+    among ``run_keys``, the other :class:`RunConfig` fields)."""
     return run(
         RunConfig(
             synthetic=SyntheticWorkload(
                 input_tokens=inputs,
                 output_tokens=outputs,
                 request_count=count,
-                arrival_interval_ms=0.0,
+                arrival_interval_ms=arrival_interval_ms,
             ),
             engine=parse_engine_args(dict(engine)),
             exact_passes=exact_passes,
+            **run_keys,
         )
     )
 

@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from servesim import RunConfig, SyntheticWorkload, run
-from servesim.config import parse_engine_args
 from servesim.engine.scheduler import DecodePlan
 from servesim.engine.vllm import VllmScheduler
+from tests.support import replay_synthetic
 
 # Room for four requests' 100 + 40 tokens (nine blocks each) in 40 blocks of 16 tokens.
 SMALL_KV = {"block_size": 16, "num_gpu_blocks": 40}
@@ -28,21 +27,8 @@ THREE_SEQS = {"block_size": 16, "max_num_seqs": 3}
 
 
 def replay(engine: dict[str, Any], *, exact_passes: bool, **arrivals: Any) -> list[Any]:
-    interval = arrivals.pop("arrival_interval_ms", None)
-    report = run(
-        RunConfig(
-            synthetic=SyntheticWorkload(
-                input_tokens=100,
-                output_tokens=40,
-                request_count=30,
-                **({} if interval is None else {"arrival_interval_ms": interval}),
-            ),
-            engine=parse_engine_args(engine),
-            exact_passes=exact_passes,
-            **arrivals,
-        )
-    )
-    return report.records
+    arrivals.setdefault("arrival_interval_ms", None)  # (a closed loop paces itself)
+    return replay_synthetic(100, 40, 30, engine, exact_passes=exact_passes, **arrivals).records
 
 
 def assert_same_records(fast: list[Any], exact: list[Any]) -> None:

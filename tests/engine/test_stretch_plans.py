@@ -14,20 +14,13 @@ from typing import Any
 
 import pytest
 
-from servesim import RunConfig, SyntheticWorkload, run
-from servesim.config import parse_engine_args
 from servesim.engine.vllm import VllmScheduler
+from tests.support import replay_synthetic
 
 
 def replay(*, exact_passes: bool) -> list[Any]:
-    report = run(
-        RunConfig(
-            synthetic=SyntheticWorkload(
-                input_tokens=64, output_tokens=48, request_count=60, arrival_interval_ms=40.0
-            ),
-            engine=parse_engine_args({"block_size": 16}),
-            exact_passes=exact_passes,
-        )
+    report = replay_synthetic(
+        64, 48, 60, {"block_size": 16}, arrival_interval_ms=40.0, exact_passes=exact_passes
     )
     return report.records
 
