@@ -497,12 +497,7 @@ class VllmScheduler:
             return False
         if len(self.running) >= self._max_seqs:
             return True
-        head = self.waiting[0]
-        if not self._no_evict and -(-self._footprint(head) // self.block_size) <= (
-            self.config.num_gpu_blocks - self.pool.num_active
-        ):
-            return False  # it fits, whatever prefix it finds cached (the common case)
-        return self._admission(head) is None
+        return self._admission(self.waiting[0]) is None
 
     def _plan_chunks(self, limit: int) -> DecodePlan | None:
         """Up to ``limit`` passes in which the one running request that is not a member
