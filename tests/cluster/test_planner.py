@@ -350,19 +350,8 @@ def test_a_planner_that_cannot_move_changes_nothing() -> None:
     assert f"Planner       throughput target (agg): {ticks} ticks, 0 scale-ups" in planned.table()
     assert "Planner" not in plain.table()
     skip = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"}
-    # The moments of the token gaps sum the same gaps in other groups when a tick splits a
-    # window (its gaps fold with the other windows', a pass left over at the split adds its
-    # own): they agree to 1e-15 (measured: 8.6e-16 at most), every other fact exactly.
-    moments = {
-        "mean_itl_ms",
-        "std_itl_ms",
-        "mean_output_token_throughput_per_user",
-        "std_output_token_throughput_per_user",
-    }
-    for key in moments:
-        assert math.isclose(plain.summary[key], planned.summary[key], rel_tol=2e-15), key
-    assert {k: v for k, v in plain.summary.items() if k not in skip | moments} == {
-        k: v for k, v in planned.summary.items() if k not in skip | moments
+    assert {k: v for k, v in plain.summary.items() if k not in skip} == {
+        k: v for k, v in planned.summary.items() if k not in skip
     }
     assert [request_row(r) for r in plain.records] == [request_row(r) for r in planned.records]
 

@@ -288,7 +288,7 @@ def sketch_of(values: list[float], *, batched: bool) -> dict[str, float]:
         sketch.add_many(np.array(values[2:]))
     else:
         for v in values:
-            sketch.add(v)
+            sketch.add_many(np.array([v]))
     return sketch.describe()
 
 
@@ -308,7 +308,7 @@ def test_gap_sketch_uses_the_same_ranks_and_population_std(batched: bool) -> Non
 def test_gap_sketch_of_nothing_and_of_one_value() -> None:
     assert GapSketch().describe() == dict.fromkeys(STAT_NAMES, 0.0)
     one = GapSketch()
-    one.add(5.25)
+    one.add_many(np.array([5.25]))
     assert one.describe() == {**dict.fromkeys(STAT_NAMES, 5.25), "std": 0.0}
 
 

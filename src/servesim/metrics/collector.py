@@ -252,6 +252,113 @@ class Facts:
         return mask
 
 
+_GAP_CHUNK = 1 << 16
+
+
+class TokenGaps:
+    """Every token gap of a run in the order the loop reports it, folded into the
+    ITL and per-user sketches in chunks of exactly :data:`_GAP_CHUNK` gaps.
+
+    A gap is a single one (a stepped pass's, ``count`` requests apart) or one
+    of a fast-forwarded window's, whose token times are kept as they are and
+    turned into gaps many at a time (numpy's per-call cost would dominate one
+    window's few hundred values). The sketches' moments depend on how gaps
+    are batched; batching by position in this one sequence makes them depend
+    on the gaps alone: a window split in two by a planner tick, with the pass
+    at the split stepped, folds exactly as the whole window.
+    """
+
+    __slots__ = (
+        "_carry",
+        "_single_counts",
+        "_singles",
+        "_window_tokens",
+        "_windows",
+        "itl",
+        "per_user",
+    )
+
+    def __init__(self) -> None:
+        self.itl = GapSketch()
+        self.per_user = GapSketch()
+        self._singles: list[float] = []
+        self._single_counts: list[int] = []
+        # (single gaps before it, prev_end, count, token times), in order.
+        self._windows: list[tuple[int, float, int, np.ndarray]] = []
+        self._window_tokens = 0
+        # Gaps and weights past the last whole chunk.
+        self._carry = (np.empty(0), np.empty(0))
+
+    def add(self, gap: float, count: int) -> None:
+        """``count`` requests each got a token ``gap`` ms after their previous one."""
+        self._singles.append(gap)
+        self._single_counts.append(count)
+        if len(self._singles) + self._window_tokens >= _GAP_CHUNK:
+            self._fold(whole_chunks=True)
+
+    def add_window(self, prev_end: float, count: int, times: np.ndarray) -> None:
+        """``count`` requests, whose previous token was at ``prev_end``, each got one at each of ``times``."""
+        self._windows.append((len(self._singles), prev_end, count, times))
+        self._window_tokens += len(times)
+        if len(self._singles) + self._window_tokens >= _GAP_CHUNK:
+            self._fold(whole_chunks=True)
+
+    def fold(self) -> None:
+        """Fold every gap so far into the sketches."""
+        self._fold(whole_chunks=False)
+
+    def _fold(self, *, whole_chunks: bool) -> None:
+        carried_gaps, carried_weights = self._carry
+        new_gaps, new_weights = self._ordered()
+        gaps = np.concatenate((carried_gaps, new_gaps))
+        weights = np.concatenate((carried_weights, new_weights))
+        end = len(gaps) - len(gaps) % _GAP_CHUNK if whole_chunks else len(gaps)
+        for start in range(0, end, _GAP_CHUNK):
+            chunk = slice(start, min(start + _GAP_CHUNK, end))
+            self._fold_chunk(gaps[chunk], weights[chunk])
+        self._carry = (gaps[end:], weights[end:])
+
+    def _fold_chunk(self, gaps: np.ndarray, weights: np.ndarray) -> None:
+        self.itl.add_many(gaps, weight=weights)
+        positive = gaps > 0.0
+        if positive.all():
+            self.per_user.add_many(1000.0 / gaps, weight=weights)
+        else:
+            self.per_user.add_many(1000.0 / gaps[positive], weight=weights[positive])
+
+    def _ordered(self) -> tuple[np.ndarray, np.ndarray]:
+        """The gaps and weights buffered since the last fold, in order; the buffers emptied."""
+        singles = np.array(self._singles, dtype=np.float64)
+        single_counts = np.array(self._single_counts, dtype=np.float64)
+        windows = self._windows
+        self._singles, self._single_counts, self._windows = [], [], []
+        self._window_tokens = 0
+        if not windows:
+            return singles, single_counts
+        times = np.concatenate([t for *_, t in windows])
+        lengths = [len(t) for *_, t in windows]
+        # Each time less its predecessor: the time before it, or its window's prev_end.
+        window_gaps = np.empty_like(times)
+        np.subtract(times[1:], times[:-1], out=window_gaps[1:])
+        starts = np.cumsum([0, *lengths[:-1]])
+        window_gaps[starts] = times[starts] - [prev_end for _, prev_end, _, _ in windows]
+        window_weights = np.repeat(
+            np.array([count for _, _, count, _ in windows], dtype=np.float64), lengths
+        )
+        if not len(singles):
+            return window_gaps, window_weights
+        # A window's k-th gap goes after the single gaps reported before it and k gaps of windows.
+        in_window = np.zeros(len(singles) + len(times), dtype=bool)
+        in_window[
+            np.repeat([before for before, *_ in windows], lengths) + np.arange(len(times))
+        ] = True
+        gaps = np.empty(len(in_window))
+        weights = np.empty(len(in_window))
+        gaps[in_window], gaps[~in_window] = window_gaps, singles
+        weights[in_window], weights[~in_window] = window_weights, single_counts
+        return gaps, weights
+
+
 class Collector:
     """Appends facts as the loop reports them; token gaps go straight into sketches.
 
@@ -268,25 +375,21 @@ class Collector:
         self._open: dict[int, RequestRecord] = {}
         # Sealed requests' facts (keep_records False), _WIDTH doubles a request.
         self._rows = array("d")
-        self._itl = GapSketch()
-        self._per_user = GapSketch()
-        # Fast-forwarded windows' token times, turned into gaps in batches (see on_shared_gaps).
-        self._windows: list[tuple[float, int, np.ndarray]] = []
-        self._window_tokens = 0
+        self._gaps = TokenGaps()
         # Set once the run ends: tokens the engines committed to prefill (recomputation included).
         self.committed_prefill_tokens = 0
 
     @property
     def itl(self) -> GapSketch:
         """Inter-token latencies (ms), every gap between two tokens of a request."""
-        self._fold_windows()
-        return self._itl
+        self._gaps.fold()
+        return self._gaps.itl
 
     @property
     def per_user(self) -> GapSketch:
         """Per-user token rates (tokens/s): 1000 over each positive gap."""
-        self._fold_windows()
-        return self._per_user
+        self._gaps.fold()
+        return self._gaps.per_user
 
     def on_arrival(
         self,
@@ -359,10 +462,7 @@ class Collector:
     def _next_token(self, record: RequestRecord, now: float) -> None:
         """A token after the first: its gap goes into the sketches."""
         assert record.last_token_ms is not None
-        gap = now - record.last_token_ms
-        self._itl.add(gap)
-        if gap > 0.0:
-            self._per_user.add(1000.0 / gap)
+        self._gaps.add(now - record.last_token_ms, 1)
         if record.output_length == 1:
             record.second_token_ms = now
 
@@ -371,9 +471,7 @@ class Collector:
 
         Their records catch up when they leave the cohort (:meth:`on_catch_up`).
         """
-        self._itl.add_weighted(gap, count)
-        if gap > 0.0:
-            self._per_user.add_weighted(1000.0 / gap, count)
+        self._gaps.add(gap, count)
 
     @staticmethod
     def on_second_token(record: RequestRecord, at: float) -> None:
@@ -393,36 +491,8 @@ class Collector:
         assert record.second_token_ms is not None, "its second token was recorded when it came"
 
     def on_shared_gaps(self, prev_end: float, count: int, times: np.ndarray) -> None:
-        """``count`` requests, whose previous token was at ``prev_end``, each got one at each of ``times``.
-
-        Windows are kept and turned into gaps many at a time (numpy's per-call
-        cost would dominate one window's few hundred values).
-        """
-        self._windows.append((prev_end, count, times))
-        self._window_tokens += len(times)
-        if self._window_tokens >= 1 << 16:
-            self._fold_windows()
-
-    def _fold_windows(self) -> None:
-        windows = self._windows
-        if not windows:
-            return
-        times = np.concatenate([t for _, _, t in windows])
-        lengths = [len(t) for _, _, t in windows]
-        # Each time less its predecessor: the time before it, or its window's prev_end.
-        gaps = np.empty_like(times)
-        np.subtract(times[1:], times[:-1], out=gaps[1:])
-        starts = np.cumsum([0, *lengths[:-1]])
-        gaps[starts] = times[starts] - [prev_end for prev_end, _, _ in windows]
-        weights = np.repeat(np.array([count for _, count, _ in windows]), lengths)
-        self._itl.add_many(gaps, weight=weights)
-        positive = gaps > 0.0
-        if positive.all():
-            self._per_user.add_many(1000.0 / gaps, weight=weights)
-        else:
-            self._per_user.add_many(1000.0 / gaps[positive], weight=weights[positive])
-        windows.clear()
-        self._window_tokens = 0
+        """``count`` requests, whose previous token was at ``prev_end``, each got one at each of ``times``."""
+        self._gaps.add_window(prev_end, count, times)
 
     def on_terminal(
         self, record: RequestRecord, now: float, terminal: Terminal, *, seal: bool = True

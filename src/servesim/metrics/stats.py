@@ -5,7 +5,7 @@ Percentile p of n sorted values is the value at index round((n - 1) * p / 100)
 an empty distribution gives 0.0 everywhere.
 
 Token gaps are far too many to keep (millions per run), so they go into a
-:class:`GapSketch`: exact count, min and max, a Welford mean and variance,
+:class:`GapSketch`: exact count, min and max, batch means and variances merged,
 and a logarithmic-bucket sketch (DDSketch) for percentiles with bounded
 relative error, which is also how the reference summarises them.
 """
@@ -50,8 +50,8 @@ class GapSketch:
     ``ceil(ln(v) / ln(gamma))`` with ``gamma = 1 + 2 alpha / (1 - alpha)``,
     and a bucket reports its midpoint ``gamma^k * 2 / (1 + gamma)``; tiny
     samples and zeros count in a zero bucket that reports 0.0. Percentile
-    ranks follow :func:`rank`; one sample reports itself. Mean and std are a
-    Welford running update; min and max are exact.
+    ranks follow :func:`rank`; one sample reports itself. Mean and std merge
+    each batch's (Chan et al.); min and max are exact.
     """
 
     __slots__ = (
@@ -61,8 +61,6 @@ class GapSketch:
         "_m2",
         "_mid",
         "_min_indexable",
-        "_pending",
-        "_pending_size",
         "count",
         "max",
         "mean",
@@ -80,8 +78,6 @@ class GapSketch:
             math.exp(-(2.0**31) / self._inv_ln_gamma + 1.0), 2.2250738585072014e-308 * gamma
         )
         self._buckets: dict[int, int] = {}
-        self._pending: list[tuple[np.ndarray, int | np.ndarray]] = []
-        self._pending_size = 0
         self.count = 0
         self.zeros = 0
         self.mean = 0.0
@@ -89,66 +85,17 @@ class GapSketch:
         self.min = math.inf
         self.max = -math.inf
 
-    def add(self, value: float) -> None:
-        """Record one sample."""
-        self.count += 1
-        delta = value - self.mean
-        self.mean += delta / self.count
-        self._m2 += delta * (value - self.mean)
-        if value < self.min:
-            self.min = value
-        if value > self.max:
-            self.max = value
-        if value < self._min_indexable:
-            self.zeros += 1
-            return
-        key = math.ceil(math.log(value) * self._inv_ln_gamma)
-        buckets = self._buckets
-        buckets[key] = buckets.get(key, 0) + 1
-
-    def add_weighted(self, value: float, weight: int) -> None:
-        """Record one sample ``weight`` times (West's weighted update of the moments)."""
-        self.count += weight
-        delta = value - self.mean
-        self.mean += delta * weight / self.count
-        self._m2 += weight * delta * (value - self.mean)
-        if value < self.min:
-            self.min = value
-        if value > self.max:
-            self.max = value
-        if value < self._min_indexable:
-            self.zeros += weight
-            return
-        key = math.ceil(math.log(value) * self._inv_ln_gamma)
-        buckets = self._buckets
-        buckets[key] = buckets.get(key, 0) + weight
-
     def add_many(self, values: np.ndarray, *, weight: int | np.ndarray = 1) -> None:
         """Record each of ``values`` ``weight`` times (or ``weight[i]`` times, given an array).
 
-        Batches are buffered and folded in together (numpy's per-call cost
-        dominates small batches); moments merge by Chan et al.'s parallel update.
+        The batch's moments merge into the running ones by Chan et al.'s
+        parallel update, so the moments depend on how samples are batched:
+        callers that want them reproducible batch by position (see
+        :class:`servesim.metrics.collector.TokenGaps`).
         """
-        if len(values):
-            self._pending.append((values, weight))
-            self._pending_size += len(values)
-            if self._pending_size >= 1 << 16:
-                self._fold()
-
-    def _fold(self) -> None:
-        pending = self._pending
-        if not pending:
+        if not len(values):
             return
-        if len(pending) == 1:  # (one batch: its arrays as they are)
-            values, given = pending[0]
-            weights = given if isinstance(given, np.ndarray) else np.full(len(values), float(given))
-        else:
-            values = np.concatenate([v for v, _ in pending])
-            weights = np.concatenate(
-                [w if isinstance(w, np.ndarray) else np.full(len(v), float(w)) for v, w in pending]
-            )
-        pending.clear()
-        self._pending_size = 0
+        weights = weight if isinstance(weight, np.ndarray) else np.full(len(values), float(weight))
         # Integer weights (a window's request counts) give the same products and sums as
         # their float values: every one of them, and every sum, is a whole number below 2^53.
         n = float(weights.sum())
@@ -194,7 +141,6 @@ class GapSketch:
 
     def quantile(self, p: float) -> float:
         """Sketched value at percentile ``p``."""
-        self._fold()
         if self.count == 1:
             return self.min
         target = rank(self.count, p)
@@ -209,7 +155,6 @@ class GapSketch:
 
     def describe(self) -> dict[str, float]:
         """The same statistics as :func:`describe`, from the sketch."""
-        self._fold()
         n = self.count
         if n == 0:
             return dict.fromkeys(STAT_NAMES, 0.0)
