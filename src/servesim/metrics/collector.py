@@ -335,23 +335,20 @@ class TokenGaps:
         self._window_tokens = 0
         if not windows:
             return singles, single_counts
-        times = np.concatenate([t for *_, t in windows])
-        lengths = [len(t) for *_, t in windows]
+        befores, prev_ends, counts, window_times = zip(*windows, strict=True)
+        times = np.concatenate(window_times)
+        lengths = [len(t) for t in window_times]
         # Each time less its predecessor: the time before it, or its window's prev_end.
         window_gaps = np.empty_like(times)
         np.subtract(times[1:], times[:-1], out=window_gaps[1:])
         starts = np.cumsum([0, *lengths[:-1]])
-        window_gaps[starts] = times[starts] - [prev_end for _, prev_end, _, _ in windows]
-        window_weights = np.repeat(
-            np.array([count for _, _, count, _ in windows], dtype=np.float64), lengths
-        )
+        window_gaps[starts] = times[starts] - np.array(prev_ends)
+        window_weights = np.repeat(np.array(counts, dtype=np.float64), lengths)
         if not len(singles):
             return window_gaps, window_weights
         # A window's k-th gap goes after the single gaps reported before it and k gaps of windows.
         in_window = np.zeros(len(singles) + len(times), dtype=bool)
-        in_window[
-            np.repeat([before for before, *_ in windows], lengths) + np.arange(len(times))
-        ] = True
+        in_window[np.repeat(befores, lengths) + np.arange(len(times))] = True
         gaps = np.empty(len(in_window))
         weights = np.empty(len(in_window))
         gaps[in_window], gaps[~in_window] = window_gaps, singles
