@@ -26,10 +26,13 @@ cohort after a pass in which they emitted their second or later token; a
 member's progress is ``cohort_base`` plus the pass number, and it is visited
 only in the passes where something happens to it: a block boundary (allocate
 a block, cache a full one) or its last token (it leaves the cohort at that
-pass's start and is scheduled as any other request). A pass whose running
-requests all fit its token budget and whose new blocks all fit without
-preemption runs this way, with the other requests and the members' events in
-running order, so block ids, evictions and KV events are those of stepping.
+pass's start and is scheduled as any other request). A pass whose members,
+and the other running requests ahead of one, all fit its token budget and
+whose new blocks all fit without preemption runs this way, with the other
+requests and the members' events in running order, so block ids, evictions
+and KV events are those of stepping; requests behind every member (prompts
+being chunked) take what budget is left, in running order, as stepping
+gives it.
 Any other pass first materialises the cohort (:meth:`VllmScheduler._sync`)
 and runs the loop above. Members' tokens are reported as one count per pass
 (their shared gap), and each member's token count and last token time as a
@@ -147,6 +150,8 @@ class VllmScheduler:
         self._members: dict[EngineRequest, None] = {}
         self._others: dict[EngineRequest, None] = {}
         self._sum_base = 0
+        # No member was admitted after this (an upper bound: members leave, it stays).
+        self._last_member_seq = -1
         self._due: dict[int, list[EngineRequest]] = {}  # members by their next event's pass
         self._due_steps: list[int] = []  # heap of _due's keys
         # Members that joined with their first token: their next one is their second.
@@ -785,21 +790,25 @@ class VllmScheduler:
     def _schedule_cohort(self) -> bool:
         """The running loop of pass ``_step`` with the cohort kept lazy; False if it cannot be.
 
-        It can when every running request gets all the tokens it wants from
-        the budget and the pool supplies every new block without preempting:
-        then order cannot change what anyone gets. Nothing is changed when
-        False is returned.
+        It can when every member and every other running request ahead of a
+        member in running order gets all the tokens it wants from the budget,
+        and the pool supplies every new block without preempting: then order
+        cannot change what they get. Requests behind every member (prompts
+        being chunked) share what budget is left, in running order, as
+        stepping gives it. Nothing is changed when False is returned.
         """
         step, bs, pool = self._step, self.block_size, self.pool
         members = self._members
         due = self._due.get(step, ())
-        tokens = len(members)
+        last_member = self._last_member_seq
+        tokens = len(members)  # the members' and those of the requests ahead of one
         blocks = 0
         for request in self._others:
             if not request.blocks or not request.num_computed:
                 return False
             length = request.prompt_len + request.generated
-            tokens += length - request.num_computed
+            if request.seq < last_member:
+                tokens += length - request.num_computed
             blocks += max(0, -(-length // bs) - len(request.blocks))
         if tokens > self._budget:
             return False
@@ -813,9 +822,17 @@ class VllmScheduler:
             heapq.heappop(self._due_steps)
         emitting = self._emitting = []  # the non-members, in running order (see _emit)
         others = self._others
+        self._budget -= len(members)  # each member's token, the leaving ones' last
         for request in sorted([*others, *due], key=_admission_order) if others else due:
             if request not in members:
-                outcome = self._schedule(request, from_waiting=False)
+                if request.seq > last_member:  # behind every member: what budget is left
+                    if not self._budget:
+                        break  # (the running loop stops: so do the requests behind it)
+                    outcome = self._schedule(request, from_waiting=False)
+                    if outcome is _BLOCKED:
+                        break
+                else:
+                    outcome = self._schedule(request, from_waiting=False)
                 assert outcome is _SCHEDULED, "a cohort pass outran its budget or pool"
                 emitting.append(request)
             elif step == request.finish_step:
@@ -825,10 +842,8 @@ class VllmScheduler:
                 self._block_events(request, step)
                 request.num_computed += 1
                 self._scheduled[request] = (1, -1, 0)
-                self._budget -= 1
             else:
                 self._advance_member(request, step)
-        self._budget -= len(members)
         self._result.seconds = [r for r in self._fresh if r in members]
         self._fresh = []
         return True
@@ -891,6 +906,8 @@ class VllmScheduler:
         self._sum_base += request.cohort_base
         del self._others[request]
         self._members[request] = None
+        if request.seq > self._last_member_seq:
+            self._last_member_seq = request.seq
         self._schedule_due(request, step)
 
     def _leave(self, request: EngineRequest, passes_done: int, last_ms: float) -> None:
@@ -910,6 +927,7 @@ class VllmScheduler:
             return
         for request in list(self._members):
             self._leave(request, passes_done, self.last_emit_ms if last_ms is None else last_ms)
+        self._last_member_seq = -1
         self._due.clear()
         self._due_steps.clear()
         self._fresh.clear()
