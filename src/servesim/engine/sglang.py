@@ -476,6 +476,9 @@ class SglangScheduler:
 
     def _admit(self, result: PassResult) -> tuple[list[EngineRequest], int, int]:
         """Admit prefill chunks from waiting; returns (requests, sum of chunk ends, sum of prefixes)."""
+        waiting = self.waiting
+        if not waiting:
+            return [], 0, 0
         ps, kv, clip, ratio = self.block_size, self.kv, self._clip, self.new_token_ratio
         reserved = 0.0
         for request in self.running:
@@ -484,7 +487,6 @@ class SglangScheduler:
         rem_input = float(self._max_prefill)
         rem_chunk = float(self._chunk)
         slots = self._max_running - len(self.running)
-        waiting = self.waiting
         admitted: list[EngineRequest] = []
         sum_isl = sum_prefix = 0
         while len(admitted) < slots and waiting:
