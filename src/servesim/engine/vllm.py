@@ -825,14 +825,12 @@ class VllmScheduler:
         self._budget -= len(members)  # each member's token, the leaving ones' last
         for request in sorted([*others, *due], key=_admission_order) if others else due:
             if request not in members:
-                if request.seq > last_member:  # behind every member: what budget is left
-                    if not self._budget:
-                        break  # (the running loop stops: so do the requests behind it)
-                    outcome = self._schedule(request, from_waiting=False)
-                    if outcome is _BLOCKED:
-                        break
-                else:
-                    outcome = self._schedule(request, from_waiting=False)
+                behind = request.seq > last_member  # behind every member: what budget is left
+                if behind and not self._budget:
+                    break  # (the running loop stops: so do the requests behind it)
+                outcome = self._schedule(request, from_waiting=False)
+                if behind and outcome is _BLOCKED:
+                    break
                 assert outcome is _SCHEDULED, "a cohort pass outran its budget or pool"
                 emitting.append(request)
             elif step == request.finish_step:
