@@ -483,14 +483,10 @@ def _replay(
         else:
             predictable = names_any(workload) and scaling is None
             pools = _round_robin_pools(config, workload) if predictable else None
-            if config.disaggregated and pools is not None:
+            if config.disaggregated:
                 # The prefill side names what its rank may match; the decode side, placed
                 # as the replay goes, what any request may.
-                mark_shared_blocks(workload, engine.block_size, pools=pools)
-                prefill_marks = [session.turns[0].shared_blocks for session in workload]
-                mark_shared_blocks(workload, engine.block_size)
-                for session, marks in zip(workload, prefill_marks, strict=True):
-                    session.turns[0].prefill_shared_blocks = marks
+                mark_shared_blocks(workload, engine.block_size, prefill_pools=pools)
             else:
                 mark_shared_blocks(workload, engine.block_size, pools=pools)
     if isinstance(workload, AgenticGraph):

@@ -89,24 +89,42 @@ def test_shared_blocks_are_the_most_any_other_request_has_in_common(
     data: st.DataObject,
 ) -> None:
     """A request shares as many blocks as it has in common with the best other request
-    (of its own pool, when each request's pool is given)."""
+    (of its own pool, when each request's pool is given). Given a disaggregated run's
+    prefill pools instead, its prefill side counts within them and its decode side over
+    the whole workload."""
     specs = [trace_spec(ids, max(1, len(ids) * tbs - cut), tbs) for ids, cut in prompts]
     pools = None
     if pool_count is not None:
         pools = data.draw(
             st.lists(st.integers(0, pool_count - 1), min_size=len(specs), max_size=len(specs))
         )
-    got = shared(specs, bs, pools)
+    prefill = data.draw(st.booleans())
+    sessions = [Session(turns=[s], start_ms=0.0) for s in specs]
+    if prefill:
+        mark_shared_blocks(sessions, bs, prefill_pools=pools)
+    else:
+        mark_shared_blocks(sessions, bs, pools=pools)
     for i, spec in enumerate(specs):
-        assert isinstance(spec.prompt, TracePrompt)
-        others = [
-            common_blocks(spec.prompt, other.prompt, bs)
-            for j, other in enumerate(specs)
-            if j != i
-            and isinstance(other.prompt, TracePrompt)
-            and (pools is None or pools[j] == pools[i])
-        ]
-        assert got[i] == max(others, default=0)
+        if prefill:
+            assert spec.shared_blocks == most_in_common(specs, i, bs, None)
+            assert spec.prefill_shared_blocks == (
+                None if pools is None else most_in_common(specs, i, bs, pools)
+            )
+        else:
+            assert spec.shared_blocks == most_in_common(specs, i, bs, pools)
+            assert spec.prefill_shared_blocks is None
+
+
+def most_in_common(specs: list[RequestSpec], i: int, bs: int, pools: list[int] | None) -> int:
+    """The most blocks request ``i`` has in common with another (of its pool, if given)."""
+    mine = specs[i].prompt
+    assert isinstance(mine, TracePrompt)
+    counts = []
+    for j, other in enumerate(specs):
+        if j != i and (pools is None or pools[j] == pools[i]):
+            assert isinstance(other.prompt, TracePrompt)
+            counts.append(common_blocks(mine, other.prompt, bs))
+    return max(counts, default=0)
 
 
 def test_requests_on_different_pools_share_nothing() -> None:

@@ -33,7 +33,11 @@ from servesim.workload.request import RequestSpec, Session, SyntheticPrompt, Tra
 
 
 def mark_shared_blocks(
-    sessions: list[Session], block_size: int, *, pools: Sequence[int] | None = None
+    sessions: list[Session],
+    block_size: int,
+    *,
+    pools: Sequence[int] | None = None,
+    prefill_pools: Sequence[int] | None = None,
 ) -> None:
     """Set ``shared_blocks`` on every request of the workload, for engine blocks of ``block_size``.
 
@@ -41,18 +45,35 @@ def mark_shared_blocks(
         pools: when known before the replay, the KV pool (DP rank) each request
             will use, request by request in session and turn order; blocks are
             then shared only between requests of the same pool.
+        prefill_pools: a disaggregated run's prefill pools, when known before the
+            replay (its decode side's are not): ``prefill_shared_blocks`` is then
+            set too, counted within them (from the same trie).
     """
     specs = [spec for session in sessions for spec in session.turns]
-    assert pools is None or len(pools) == len(specs), "one pool per request"
+    for given in (pools, prefill_pools):
+        assert given is None or len(given) == len(specs), "one pool per request"
     trace = [(i, spec) for i, spec in enumerate(specs) if isinstance(spec.prompt, TracePrompt)]
     for spec in specs:
         if isinstance(spec.prompt, SyntheticPrompt):
             spec.shared_blocks = 0
-    if trace:
-        pool_of = np.zeros(len(trace), dtype=np.int64)
-        if pools is not None:
-            pool_of[:] = [pools[i] for i, _ in trace]
-        _mark_trace(trace, block_size, pool_of)
+    if not trace:
+        return
+    prompts = [spec.prompt for _, spec in trace if isinstance(spec.prompt, TracePrompt)]
+    assert len(prompts) == len(trace)
+    trie = _Trie(prompts, block_size, _pools_of(trace, pools))
+    for (_, spec), blocks in zip(trace, trie.shared(), strict=True):
+        spec.shared_blocks = blocks
+    if prefill_pools is not None:
+        marks = trie.shared(within=_pools_of(trace, prefill_pools))
+        for (_, spec), blocks in zip(trace, marks, strict=True):
+            spec.prefill_shared_blocks = blocks
+
+
+def _pools_of(
+    trace: list[tuple[int, RequestSpec]], pools: Sequence[int] | None
+) -> np.ndarray | None:
+    """The pool of each trace request (None: one pool for all)."""
+    return None if pools is None else np.array([pools[i] for i, _ in trace], dtype=np.int64)
 
 
 def names_any(sessions: list[Session]) -> bool:
@@ -61,8 +82,9 @@ def names_any(sessions: list[Session]) -> bool:
     return any(isinstance(spec.prompt, TracePrompt) for s in sessions for spec in s.turns)
 
 
-def _mark_trace(trace: list[tuple[int, RequestSpec]], bs: int, pool_of: np.ndarray) -> None:
-    """Each trace request's shared blocks, by whole-array steps over a trie of prompts.
+class _Trie:
+    """The trace prompts' full blocks as a trie of their ids (one per pool, given each
+    request's pool), and the blocks each shares.
 
     Node ids are given depth by depth: the prompts still running at depth ``d``
     each extend their node at ``d - 1`` by their ``d``-th token, and equal
@@ -71,71 +93,82 @@ def _mark_trace(trace: list[tuple[int, RequestSpec]], bs: int, pool_of: np.ndarr
     a tie) and the second largest, so "the longest other request through this
     node" is one look-up. A request's blocks are shared up to the first depth
     where that other request is shorter than the blocks the depth covers.
-
-    Each request's pool (``pool_of``) roots a trie of its own: requests of
-    different pools never meet at a node.
     """
-    prompts = [spec.prompt for _, spec in trace if isinstance(spec.prompt, TracePrompt)]
-    assert len(prompts) == len(trace)
-    tbs = np.array([p.trace_block_size for p in prompts], dtype=np.int64)
-    full = np.array([p.length // bs for p in prompts], dtype=np.int64)
-    needed = -(-full * bs // tbs)  # ids that full blocks depend on
-    tokens = np.fromiter(
-        itertools.chain.from_iterable(
-            p.tokens[:n] for p, n in zip(prompts, needed.tolist(), strict=True)
-        ),
-        dtype=np.int64,
-    )
-    starts = np.zeros(len(prompts), dtype=np.int64)
-    np.cumsum(needed[:-1], out=starts[1:])
-    # Node of each (request, depth) entry, entries request by request, depth ascending.
-    node = np.empty(len(tokens), dtype=np.int64)
-    # Tokens renumbered densely, so that (parent, token) keys stay below len(tokens)^2.
-    distinct, tokens = np.unique(tokens, return_inverse=True)
-    width = len(distinct)
-    by_length = np.argsort(-needed, kind="stable")  # the requests running at depth d: a prefix
-    # The roots are negative, one per pool, and nodes are numbered from 0: (parent,
-    # token) keys of different pools differ at depth 1, and roots never meet nodes.
-    parent = pool_of - (int(pool_of.max()) + 1)
-    active, nodes = len(prompts), 0
-    for level in range(int(needed.max(initial=0))):
-        while active and needed[by_length[active - 1]] <= level:
-            active -= 1
-        running = by_length[:active]
-        at = starts[running] + level
-        keys, inverse = np.unique((parent[running] + 1) * width + tokens[at], return_inverse=True)
-        node[at] = parent[running] = nodes + inverse
-        nodes += len(keys)
-    owner = np.repeat(np.arange(len(prompts)), needed)
-    longest = full[owner]
-    # Per node, entries by length descending (ties: trace order): the best, then the second.
-    order = np.lexsort((owner, -longest, node))
-    sorted_nodes = node[order]
-    head = np.ones(len(order), dtype=bool)
-    head[1:] = sorted_nodes[1:] != sorted_nodes[:-1]
-    best = np.zeros(nodes, dtype=np.int64)
-    best_owner = np.full(nodes, -1, dtype=np.int64)
-    second = np.zeros(nodes, dtype=np.int64)
-    best[sorted_nodes[head]] = longest[order[head]]
-    best_owner[sorted_nodes[head]] = owner[order[head]]
-    runner_up = np.flatnonzero(head[:-1] & ~head[1:]) + 1
-    second[sorted_nodes[runner_up]] = longest[order[runner_up]]
-    other = np.where(best_owner[node] == owner, second[node], best[node])
-    depth = np.arange(len(tokens)) - starts[owner] + 1
-    covered = np.minimum(depth * tbs[owner] // bs, longest)  # full blocks the first ids cover
-    # Shared up to the first depth where the other request falls short of what it covers.
-    short = np.flatnonzero(other < covered)  # ascending, so grouped by request
-    earliest = np.ones(len(short), dtype=bool)
-    earliest[1:] = owner[short[1:]] != owner[short[:-1]]
-    first_short = np.full(len(prompts), -1, dtype=np.int64)
-    first_short[owner[short[earliest]]] = short[earliest]
-    shared = np.zeros(len(prompts), dtype=np.int64)
-    ran = needed > 0
-    last = starts + needed - 1
-    shared[ran] = covered[last[ran]]
-    cut = first_short >= 0
-    at = first_short[cut]
-    before = np.where(depth[at] > 1, covered[at - 1], 0)
-    shared[cut] = np.maximum(before, other[at])
-    for (_, spec), blocks in zip(trace, shared.tolist(), strict=True):
-        spec.shared_blocks = blocks
+
+    def __init__(self, prompts: list[TracePrompt], bs: int, pool_of: np.ndarray | None) -> None:
+        self._bs = bs
+        self._tbs = tbs = np.array([p.trace_block_size for p in prompts], dtype=np.int64)
+        self._full = full = np.array([p.length // bs for p in prompts], dtype=np.int64)
+        self._needed = needed = -(-full * bs // tbs)  # ids that full blocks depend on
+        tokens = np.fromiter(
+            itertools.chain.from_iterable(
+                p.tokens[:n] for p, n in zip(prompts, needed.tolist(), strict=True)
+            ),
+            dtype=np.int64,
+        )
+        self._starts = starts = np.zeros(len(prompts), dtype=np.int64)
+        np.cumsum(needed[:-1], out=starts[1:])
+        # Node of each (request, depth) entry, entries request by request, depth ascending.
+        self._node = node = np.empty(len(tokens), dtype=np.int64)
+        # Tokens renumbered densely, so that (parent, token) keys stay below len(tokens)^2.
+        distinct, tokens = np.unique(tokens, return_inverse=True)
+        width = len(distinct)
+        by_length = np.argsort(-needed, kind="stable")  # the requests running at depth d: a prefix
+        # The roots are negative, one per pool, and nodes are numbered from 0: (parent,
+        # token) keys of different pools differ at depth 1, and roots never meet nodes.
+        if pool_of is None:
+            pool_of = np.zeros(len(prompts), dtype=np.int64)
+        parent = pool_of - (int(pool_of.max()) + 1)
+        active, nodes = len(prompts), 0
+        for level in range(int(needed.max(initial=0))):
+            while active and needed[by_length[active - 1]] <= level:
+                active -= 1
+            running = by_length[:active]
+            at = starts[running] + level
+            keys, inverse = np.unique(
+                (parent[running] + 1) * width + tokens[at], return_inverse=True
+            )
+            node[at] = parent[running] = nodes + inverse
+            nodes += len(keys)
+        self._nodes = nodes
+        self._owner = np.repeat(np.arange(len(prompts)), needed)
+
+    def shared(self, *, within: np.ndarray | None = None) -> list[int]:
+        """Each request's shared blocks; ``within``: each request's pool, in a finer split
+        than the trie's own (a trie per pool then has the (pool, node) pairs as nodes)."""
+        node, nodes, owner, full = self._node, self._nodes, self._owner, self._full
+        starts, needed = self._starts, self._needed
+        if within is not None:
+            keys, node = np.unique(within[owner] * nodes + node, return_inverse=True)
+            nodes = len(keys)
+        longest = full[owner]
+        # Per node, entries by length descending (ties: trace order): the best, then the second.
+        order = np.lexsort((owner, -longest, node))
+        sorted_nodes = node[order]
+        head = np.ones(len(order), dtype=bool)
+        head[1:] = sorted_nodes[1:] != sorted_nodes[:-1]
+        best = np.zeros(nodes, dtype=np.int64)
+        best_owner = np.full(nodes, -1, dtype=np.int64)
+        second = np.zeros(nodes, dtype=np.int64)
+        best[sorted_nodes[head]] = longest[order[head]]
+        best_owner[sorted_nodes[head]] = owner[order[head]]
+        runner_up = np.flatnonzero(head[:-1] & ~head[1:]) + 1
+        second[sorted_nodes[runner_up]] = longest[order[runner_up]]
+        other = np.where(best_owner[node] == owner, second[node], best[node])
+        depth = np.arange(len(node)) - starts[owner] + 1
+        covered = np.minimum(depth * self._tbs[owner] // self._bs, longest)  # what the ids cover
+        # Shared up to the first depth where the other request falls short of what it covers.
+        short = np.flatnonzero(other < covered)  # ascending, so grouped by request
+        earliest = np.ones(len(short), dtype=bool)
+        earliest[1:] = owner[short[1:]] != owner[short[:-1]]
+        first_short = np.full(len(full), -1, dtype=np.int64)
+        first_short[owner[short[earliest]]] = short[earliest]
+        shared = np.zeros(len(full), dtype=np.int64)
+        ran = needed > 0
+        last = starts + needed - 1
+        shared[ran] = covered[last[ran]]
+        cut = first_short >= 0
+        at = first_short[cut]
+        before = np.where(depth[at] > 1, covered[at - 1], 0)
+        shared[cut] = np.maximum(before, other[at])
+        return shared.tolist()
