@@ -60,11 +60,11 @@ def mark_shared_blocks(
         return
     prompts = [spec.prompt for _, spec in trace if isinstance(spec.prompt, TracePrompt)]
     assert len(prompts) == len(trace)
-    trie = _Trie(prompts, block_size, _pools_of(trace, pools))
-    for (_, spec), blocks in zip(trace, trie.shared(), strict=True):
+    trie = _Trie(prompts, block_size)
+    for (_, spec), blocks in zip(trace, trie.shared(_pools_of(trace, pools)), strict=True):
         spec.shared_blocks = blocks
     if prefill_pools is not None:
-        marks = trie.shared(within=_pools_of(trace, prefill_pools))
+        marks = trie.shared(_pools_of(trace, prefill_pools))
         for (_, spec), blocks in zip(trace, marks, strict=True):
             spec.prefill_shared_blocks = blocks
 
@@ -83,8 +83,8 @@ def names_any(sessions: list[Session]) -> bool:
 
 
 class _Trie:
-    """The trace prompts' full blocks as a trie of their ids (one per pool, given each
-    request's pool), and the blocks each shares.
+    """The trace prompts' full blocks as a trie of their ids, and the blocks each shares
+    (with the other requests of the workload, or of its own pool).
 
     Node ids are given depth by depth: the prompts still running at depth ``d``
     each extend their node at ``d - 1`` by their ``d``-th token, and equal
@@ -95,7 +95,7 @@ class _Trie:
     where that other request is shorter than the blocks the depth covers.
     """
 
-    def __init__(self, prompts: list[TracePrompt], bs: int, pool_of: np.ndarray | None) -> None:
+    def __init__(self, prompts: list[TracePrompt], bs: int) -> None:
         self._bs = bs
         self._tbs = tbs = np.array([p.trace_block_size for p in prompts], dtype=np.int64)
         self._full = full = np.array([p.length // bs for p in prompts], dtype=np.int64)
@@ -114,11 +114,8 @@ class _Trie:
         distinct, tokens = np.unique(tokens, return_inverse=True)
         width = len(distinct)
         by_length = np.argsort(-needed, kind="stable")  # the requests running at depth d: a prefix
-        # The roots are negative, one per pool, and nodes are numbered from 0: (parent,
-        # token) keys of different pools differ at depth 1, and roots never meet nodes.
-        if pool_of is None:
-            pool_of = np.zeros(len(prompts), dtype=np.int64)
-        parent = pool_of - (int(pool_of.max()) + 1)
+        # The root is -1 and nodes are numbered from 0, so that the root never meets a node.
+        parent = np.full(len(prompts), -1, dtype=np.int64)
         active, nodes = len(prompts), 0
         for level in range(int(needed.max(initial=0))):
             while active and needed[by_length[active - 1]] <= level:
@@ -133,13 +130,14 @@ class _Trie:
         self._nodes = nodes
         self._owner = np.repeat(np.arange(len(prompts)), needed)
 
-    def shared(self, *, within: np.ndarray | None = None) -> list[int]:
-        """Each request's shared blocks; ``within``: each request's pool, in a finer split
-        than the trie's own (a trie per pool then has the (pool, node) pairs as nodes)."""
+    def shared(self, pool_of: np.ndarray | None) -> list[int]:
+        """Each request's shared blocks; with ``pool_of`` (each request's pool), with the
+        requests of its own pool only: the trie of a pool has the (pool, node) pairs of
+        its requests as nodes."""
         node, nodes, owner, full = self._node, self._nodes, self._owner, self._full
         starts, needed = self._starts, self._needed
-        if within is not None:
-            keys, node = np.unique(within[owner] * nodes + node, return_inverse=True)
+        if pool_of is not None:
+            keys, node = np.unique(pool_of[owner] * nodes + node, return_inverse=True)
             nodes = len(keys)
         longest = full[owner]
         # Per node, entries by length descending (ties: trace order): the best, then the second.
