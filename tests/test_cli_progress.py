@@ -16,13 +16,18 @@ ARGV = [
     *("--request-rate", "200", "--num-workers", "4"),
 ]
 CODE = "from servesim.cli import main; raise SystemExit(main())"
+# The bar waits DELAY_S seconds before it appears; a run as fast as the machine makes it
+# may end sooner, so the tests that look for frames have the bar appear at once.
+AT_ONCE = "from servesim import cli; cli._ProgressBar.DELAY_S = 0.0; raise SystemExit(cli.main())"
 
 
-def _run_on_a_terminal(tmp_path: Path, *extra: str) -> tuple[int, str, str]:
+def _run_on_a_terminal(
+    tmp_path: Path, *extra: str, code: str = CODE, argv: list[str] = ARGV
+) -> tuple[int, str, str]:
     """Run servesim with stderr on a pseudo-terminal; return (exit code, stdout, terminal)."""
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
-        [sys.executable, "-c", CODE, *ARGV, *extra],
+        [sys.executable, "-c", code, *argv, *extra],
         stdout=subprocess.PIPE,
         stderr=terminal,
         text=True,
@@ -44,7 +49,9 @@ def _run_on_a_terminal(tmp_path: Path, *extra: str) -> tuple[int, str, str]:
 
 
 def test_a_terminal_shows_requests_done_of_the_total_and_the_time_left(tmp_path: Path) -> None:
-    code, stdout, terminal = _run_on_a_terminal(tmp_path, "--report-json", str(tmp_path / "r.json"))
+    code, stdout, terminal = _run_on_a_terminal(
+        tmp_path, "--report-json", str(tmp_path / "r.json"), code=AT_ONCE
+    )
     assert code == 0
     frames = re.findall(r"replaying .*? (\d+)/(\d+) requests (\d+:\d\d:\d\d) ETA", terminal)
     assert frames, terminal
@@ -57,3 +64,12 @@ def test_a_terminal_shows_requests_done_of_the_total_and_the_time_left(tmp_path:
 def test_quiet_shows_no_progress_even_on_a_terminal(tmp_path: Path) -> None:
     code, stdout, terminal = _run_on_a_terminal(tmp_path, "--quiet")
     assert (code, stdout, terminal) == (0, "", "")
+
+
+def test_a_run_shorter_than_the_delay_shows_no_bar(tmp_path: Path) -> None:
+    # 20 requests replay in milliseconds, far under the bar's one-second delay.
+    short = [*ARGV[:6], "20", *ARGV[7:]]
+    assert short[5:7] == ["--request-count", "20"]
+    code, stdout, terminal = _run_on_a_terminal(tmp_path, argv=short)
+    assert (code, terminal) == (0, "")
+    assert "20 arrived · 20 completed" in stdout

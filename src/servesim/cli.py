@@ -877,9 +877,11 @@ def _engines(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
 class _ProgressBar:
     """Requests ended out of the workload's, with the time left, on stderr.
 
-    It appears once a run has taken a second (a short run prints none) and
-    vanishes when the run ends; it is redrawn at most ten times a second.
+    It appears once a run has taken :attr:`DELAY_S` seconds (a short run prints
+    none) and vanishes when the run ends; it is redrawn at most ten times a second.
     """
+
+    DELAY_S = 1.0
 
     def __init__(self) -> None:
         from rich.console import Console
@@ -911,7 +913,7 @@ class _ProgressBar:
 
     def __call__(self, ended: int, total: int) -> None:
         now = time.monotonic()
-        if now - self._last < 0.1 or now - self._started < 1.0:
+        if now - self._last < 0.1 or now - self._started < self.DELAY_S:
             return
         self._last = now
         self._bar.update(self._task, completed=ended, total=total)
