@@ -68,8 +68,11 @@ def test_quiet_shows_no_progress_even_on_a_terminal(tmp_path: Path) -> None:
 
 def test_a_run_shorter_than_the_delay_shows_no_bar(tmp_path: Path) -> None:
     # 20 requests replay in milliseconds, far under the bar's one-second delay.
-    short = [*ARGV[:6], "20", *ARGV[7:]]
-    assert short[5:7] == ["--request-count", "20"]
+    short = [
+        "replay",
+        *("--input-tokens", "500", "--output-tokens", "50", "--request-count", "20"),
+        *("--request-rate", "200", "--num-workers", "4"),
+    ]
     code, stdout, terminal = _run_on_a_terminal(tmp_path, argv=short)
     assert (code, terminal) == (0, "")
     assert "20 arrived · 20 completed" in stdout
