@@ -10,11 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-ARGV = [
-    "replay",
-    *("--input-tokens", "500", "--output-tokens", "50", "--request-count", "20000"),
-    *("--request-rate", "200", "--num-workers", "4"),
-]
+
+def _replay_argv(requests: int) -> list[str]:
+    """A synthetic replay of ``requests`` requests."""
+    return [
+        "replay",
+        *("--input-tokens", "500", "--output-tokens", "50", "--request-count", str(requests)),
+        *("--request-rate", "200", "--num-workers", "4"),
+    ]
+
+
+ARGV = _replay_argv(20000)
 CODE = "from servesim.cli import main; raise SystemExit(main())"
 # The bar waits DELAY_S seconds before it appears; a run as fast as the machine makes it
 # may end sooner, so the tests that look for frames have the bar appear at once.
@@ -68,11 +74,6 @@ def test_quiet_shows_no_progress_even_on_a_terminal(tmp_path: Path) -> None:
 
 def test_a_run_shorter_than_the_delay_shows_no_bar(tmp_path: Path) -> None:
     # 20 requests replay in milliseconds, far under the bar's one-second delay.
-    short = [
-        "replay",
-        *("--input-tokens", "500", "--output-tokens", "50", "--request-count", "20"),
-        *("--request-rate", "200", "--num-workers", "4"),
-    ]
-    code, stdout, terminal = _run_on_a_terminal(tmp_path, argv=short)
+    code, stdout, terminal = _run_on_a_terminal(tmp_path, argv=_replay_argv(20))
     assert (code, terminal) == (0, "")
     assert "20 arrived · 20 completed" in stdout
