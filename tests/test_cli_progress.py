@@ -23,12 +23,13 @@ def _replay_argv(requests: int) -> list[str]:
 ARGV = _replay_argv(20000)
 CODE = "from servesim.cli import main; raise SystemExit(main())"
 # The bar waits DELAY_S seconds before it appears; a run as fast as the machine makes it
-# may end sooner, so the tests that look for frames have the bar appear at once.
+# may end sooner, so the tests that look for frames, or for their absence under --quiet,
+# have the bar appear at once.
 AT_ONCE = "from servesim import cli; cli._ProgressBar.DELAY_S = 0.0; raise SystemExit(cli.main())"
 
 
 def _run_on_a_terminal(
-    tmp_path: Path, *extra: str, code: str = CODE, argv: list[str] = ARGV
+    *extra: str, code: str = CODE, argv: list[str] = ARGV
 ) -> tuple[int, str, str]:
     """Run servesim with stderr on a pseudo-terminal; return (exit code, stdout, terminal)."""
     controller, terminal = pty.openpty()
@@ -56,7 +57,7 @@ def _run_on_a_terminal(
 
 def test_a_terminal_shows_requests_done_of_the_total_and_the_time_left(tmp_path: Path) -> None:
     code, stdout, terminal = _run_on_a_terminal(
-        tmp_path, "--report-json", str(tmp_path / "r.json"), code=AT_ONCE
+        "--report-json", str(tmp_path / "r.json"), code=AT_ONCE
     )
     assert code == 0
     frames = re.findall(r"replaying .*? (\d+)/(\d+) requests (\d+:\d\d:\d\d) ETA", terminal)
@@ -67,13 +68,13 @@ def test_a_terminal_shows_requests_done_of_the_total_and_the_time_left(tmp_path:
     assert "20,000 arrived · 20,000 completed" in stdout and "replaying" not in stdout
 
 
-def test_quiet_shows_no_progress_even_on_a_terminal(tmp_path: Path) -> None:
-    code, stdout, terminal = _run_on_a_terminal(tmp_path, "--quiet")
+def test_quiet_shows_no_progress_even_on_a_terminal() -> None:
+    code, stdout, terminal = _run_on_a_terminal("--quiet", code=AT_ONCE)
     assert (code, stdout, terminal) == (0, "", "")
 
 
-def test_a_run_shorter_than_the_delay_shows_no_bar(tmp_path: Path) -> None:
+def test_a_run_shorter_than_the_delay_shows_no_bar() -> None:
     # 20 requests replay in milliseconds, far under the bar's one-second delay.
-    code, stdout, terminal = _run_on_a_terminal(tmp_path, argv=_replay_argv(20))
+    code, stdout, terminal = _run_on_a_terminal(argv=_replay_argv(20))
     assert (code, terminal) == (0, "")
     assert "20 arrived · 20 completed" in stdout
