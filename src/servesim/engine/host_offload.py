@@ -323,7 +323,7 @@ class HostOffload:
             state.next_store = end
             return
         sources = [request.blocks[i] for i in missing]
-        if any(block in self._copying for block in sources):
+        if self.copying_any(sources):
             return
         transfer = tier.prepare_store(keys[start:end], request.uid, self._client, now)
         if transfer is None:
@@ -332,8 +332,7 @@ class HostOffload:
             self._gpu.hold(sources)
             self._held[transfer.tid] = sources
         else:
-            for block in sources:
-                self._copying[block] = transfer.tid
+            self._copying.update(dict.fromkeys(sources, transfer.tid))
             self._store_blocks[transfer.tid] = sources
         state.latest_store = transfer.tid
         state.next_store = end

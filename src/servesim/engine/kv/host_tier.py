@@ -42,6 +42,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
+from itertools import islice
 
 from servesim.config import HostOffloadConfig
 from servesim.engine.kv.block_pool import KvEvent, KvRemoved, KvStored
@@ -51,7 +52,7 @@ BlockKey = int
 """A block's sequence hash."""
 
 RESIDENT = -1
-"""``_Entry.pending`` of a block whose copy to host has completed."""
+"""The state of a block whose copy to host has completed (others hold their copy's id)."""
 
 
 class Residency(IntEnum):
@@ -68,12 +69,6 @@ class Kind(IntEnum):
     STORE = 0
     LOAD = 1
     EXTERNAL = 2  # a block a disk tier is reading into this host tier
-
-
-@dataclass(slots=True)
-class _Entry:
-    pending: int  # the store's transfer id, or RESIDENT
-    pins: int = 0
 
 
 @dataclass(slots=True)
@@ -185,7 +180,11 @@ class HostTier:
         self.feed: list[tuple[float, KvEvent]] | None = None
         """A shared tier's KV events with the time each happened, in time order, once a
         router follows it (None: nobody does)."""
-        self._entries: dict[BlockKey, _Entry] = {}
+        # Each block held, resident or pending: RESIDENT, or the id of the copy bringing
+        # it (plain ints, not an object a block: a busy tier stores and evicts hundreds of
+        # thousands). Pinned blocks (resident, read by loads) and their pin counts.
+        self._state: dict[BlockKey, int] = {}
+        self._pins: dict[BlockKey, int] = {}
         self._lru: dict[BlockKey, None] = {}  # resident and unpinned, least recent first
         # Bumped whenever a block becomes the most recent; a prompt touched again with
         # nothing made recent since then keeps its order (see touch_prompt).
@@ -220,28 +219,28 @@ class HostTier:
 
     def lookup(self, key: BlockKey) -> Residency:
         """Whether the block is on host, on its way there, or absent."""
-        entry = self._entries.get(key)
-        if entry is None:
+        state = self._state.get(key)
+        if state is None:
             return Residency.MISS
-        return Residency.HIT if entry.pending == RESIDENT else Residency.PENDING
+        return Residency.HIT if state == RESIDENT else Residency.PENDING
 
     def run_from(self, keys: list[BlockKey], start: int) -> tuple[list[BlockKey], bool]:
         """The blocks of ``keys`` from ``start`` on host, up to the first absent one, and
         whether any of them is still pending."""
-        entries = self._entries
+        held = self._state
         end, pending = start, False
         for key in keys[start:]:
-            entry = entries.get(key)
-            if entry is None:
+            state = held.get(key)
+            if state is None:
                 break
-            pending |= entry.pending != RESIDENT
+            pending |= state != RESIDENT
             end += 1
         return keys[start:end], pending
 
     def absent(self, keys: list[BlockKey], start: int, end: int) -> list[int]:
         """Indices in ``start..end`` of the blocks of ``keys`` not on host (nor on their way)."""
-        entries = self._entries
-        return [i for i in range(start, end) if keys[i] not in entries]
+        held = self._state
+        return [i for i in range(start, end) if keys[i] not in held]
 
     def in_flight(self, tid: int) -> bool:
         """Whether a transfer is prepared or under way."""
@@ -266,11 +265,11 @@ class HostTier:
         """Capacity and blocks held, resident or still being stored (the reference's
         ``g2_domains`` entry), once every copy under way has completed."""
         self._progress(math.inf)
-        resident = sum(1 for e in self._entries.values() if e.pending == RESIDENT)
+        resident = sum(1 for state in self._state.values() if state == RESIDENT)
         return {
             "capacity_blocks": self.capacity,
             "resident_blocks": resident,
-            "used_blocks": len(self._entries),
+            "used_blocks": len(self._state),
         }
 
     def busy(self) -> bool:
@@ -278,7 +277,7 @@ class HostTier:
         return bool(self._links) or any(self._completed.values())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._state)
 
     def lru_order(self) -> list[BlockKey]:
         """Evictable blocks, next victim first (for tests)."""
@@ -313,11 +312,10 @@ class HostTier:
 
     def _touch_cohort(self, keys: Iterable[BlockKey]) -> None:
         """Blocks that became evictable together: most recent, ordered by key among themselves."""
-        entries, lru = self._entries, self._lru
+        held, pins, lru = self._state, self._pins, self._lru
         self._recency += 1
         for key in sorted(keys):
-            entry = entries.get(key)
-            if entry is not None and entry.pending == RESIDENT and not entry.pins:
+            if held.get(key) == RESIDENT and key not in pins:
                 lru.pop(key, None)
                 lru[key] = None
 
@@ -334,14 +332,13 @@ class HostTier:
         """
         if self.shared:
             self._progress(now)
-        entries = self._entries
-        missing = list(dict.fromkeys([k for k in keys if k not in entries]))
+        held = self._state
+        missing = list(dict.fromkeys([k for k in keys if k not in held]))
         if not self._make_room(len(missing), keys, now):
             return None
         transfer = Transfer(self._next_tid, Kind.STORE, missing, owner, client)
         self._next_tid += 1
-        for key in missing:
-            entries[key] = _Entry(transfer.tid)
+        held.update(dict.fromkeys(missing, transfer.tid))
         self._transfers[transfer.tid] = transfer
         self._prepared.setdefault(client, []).append(transfer)
         return transfer
@@ -362,22 +359,22 @@ class HostTier:
             return None
         transfer = Transfer(self._next_tid, Kind.EXTERNAL, [key], owner)
         self._next_tid += 1
-        self._entries[key] = _Entry(transfer.tid)
+        self._state[key] = transfer.tid
         self._transfers[transfer.tid] = transfer
         return transfer
 
     def can_reserve_prefix(self, keys: list[BlockKey]) -> bool:
         """Whether every block of ``keys`` missing here could be reserved at once (no side effect)."""
         wanted = set(keys)
-        missing = sum(1 for key in wanted if key not in self._entries)
+        missing = sum(1 for key in wanted if key not in self._state)
         evictable = sum(1 for key in self._lru if key not in wanted)
-        return missing <= self.capacity - len(self._entries) + evictable
+        return missing <= self.capacity - len(self._state) + evictable
 
     def complete_external(self, tid: int) -> None:
         """A disk read landed: its reserved block is resident and most recent."""
         transfer = self._transfers.pop(tid)
         for key in transfer.keys:
-            self._entries[key].pending = RESIDENT
+            self._state[key] = RESIDENT
         self._touch_cohort(transfer.keys)
         self._publish(KvStored(None, tuple(transfer.keys), host=True), self.clock)
 
@@ -385,41 +382,46 @@ class HostTier:
         """Drop a reservation whose disk read could not be submitted."""
         transfer = self._transfers.pop(tid)
         for key in transfer.keys:
-            del self._entries[key]
+            del self._state[key]
 
     def pin_external(self, keys: list[BlockKey]) -> None:
         """A disk write reads these resident blocks: they may not be evicted until it ends."""
+        pins = self._pins
         for key in keys:
-            self._entries[key].pins += 1
+            pins[key] = pins.get(key, 0) + 1
             self._lru.pop(key, None)
 
     def unpin_external(self, keys: list[BlockKey]) -> None:
         """The disk write of these blocks ended."""
-        unpinned = []
+        self._touch_cohort(self._unpin(keys))
+
+    def _unpin(self, keys: list[BlockKey]) -> list[BlockKey]:
+        """Drop one pin of each block; return those no longer pinned."""
+        pins, unpinned = self._pins, []
         for key in keys:
-            entry = self._entries[key]
-            entry.pins -= 1
-            if not entry.pins:
+            left = pins[key] - 1
+            if left:
+                pins[key] = left
+            else:
+                del pins[key]
                 unpinned.append(key)
-        self._touch_cohort(unpinned)
+        return unpinned
 
     def _make_room(self, count: int, protected: Iterable[BlockKey], now: float) -> bool:
         """Evict least recent blocks (never ``protected``) until ``count`` more fit."""
-        need = count - (self.capacity - len(self._entries))
+        need = count - (self.capacity - len(self._state))
         if need <= 0:
             return True
         keep = set(protected)
-        victims = []
-        for key in self._lru:
-            if key not in keep:
-                victims.append(key)
-                if len(victims) == need:
-                    break
+        victims = list(islice(self._lru, need))  # the least recent, when none is protected
+        if not keep.isdisjoint(victims):
+            victims = list(islice((key for key in self._lru if key not in keep), need))
         if len(victims) < need:
             return False
+        lru, held = self._lru, self._state
         for key in victims:
-            del self._lru[key]
-            del self._entries[key]
+            del lru[key]
+            del held[key]
         self._publish(KvRemoved(tuple(victims), host=True), now)
         return True
 
@@ -429,10 +431,10 @@ class HostTier:
         self, keys: list[BlockKey], owner: int, not_before: float, client: int = 0
     ) -> Transfer:
         """Pin resident blocks and queue their copy to the GPU, starting no earlier than ``not_before``."""
+        held, pins = self._state, self._pins
         for key in keys:
-            entry = self._entries[key]
-            assert entry.pending == RESIDENT, "a load reads resident blocks only"
-            entry.pins += 1
+            assert held[key] == RESIDENT, "a load reads resident blocks only"
+            pins[key] = pins.get(key, 0) + 1
             self._lru.pop(key, None)
         transfer = Transfer(self._next_tid, Kind.LOAD, list(keys), owner, client)
         self._next_tid += 1
@@ -462,35 +464,34 @@ class HostTier:
             self._completed.setdefault(transfer.client, []).append(transfer)
             self.completion_epoch += 1
             if transfer.kind is Kind.STORE:
-                stored = []
-                for key in transfer.keys:
-                    entry = self._entries.get(key)
-                    if entry is not None and entry.pending == tid:
-                        entry.pending = RESIDENT
-                        stored.append(key)
-                self._touch_cohort(transfer.keys)
+                # Its blocks were pending under it until now (see check), so neither pinned
+                # nor in the LRU: all become resident and most recent, ordered by key.
+                stored = transfer.keys
+                self._state.update(dict.fromkeys(stored, RESIDENT))
+                self._recency += 1
+                self._lru.update(dict.fromkeys(sorted(stored)))
                 if stored:
                     self._publish(KvStored(None, tuple(stored), host=True), at)
             else:
-                unpinned = []
-                for key in transfer.keys:
-                    entry = self._entries[key]
-                    entry.pins -= 1
-                    if not entry.pins:
-                        unpinned.append(key)
-                self._touch_cohort(unpinned)
+                self._touch_cohort(self._unpin(transfer.keys))
 
     def check(self) -> None:
         """Assert the tier's invariants (tests call this after every step)."""
-        entries = self._entries
-        assert len(entries) <= self.capacity, "host tier over capacity"
-        evictable = {k for k, e in entries.items() if e.pending == RESIDENT and not e.pins}
+        held, pins = self._state, self._pins
+        assert len(held) <= self.capacity, "host tier over capacity"
+        assert all(count > 0 and held.get(key) == RESIDENT for key, count in pins.items()), (
+            "a pinned host block is not resident, or its pin count is not positive"
+        )
+        evictable = {k for k, state in held.items() if state == RESIDENT and k not in pins}
         assert set(self._lru) == evictable, "host LRU is not the resident unpinned blocks"
-        for key, entry in entries.items():
-            assert entry.pins >= 0
-            if entry.pending != RESIDENT:
-                assert entry.pins == 0, f"pending host block {key} is pinned"
-                transfer = self._transfers.get(entry.pending)
+        for key, state in held.items():
+            if state != RESIDENT:
+                transfer = self._transfers.get(state)
                 assert transfer is not None and transfer.kind is not Kind.LOAD, (
                     f"pending host block {key} has no store or disk read under way"
+                )
+        for tid, transfer in self._transfers.items():
+            if transfer.kind is not Kind.LOAD:  # (completion relies on it)
+                assert all(held.get(key) == tid for key in transfer.keys), (
+                    f"a block of copy {tid} to host is not pending under it"
                 )
