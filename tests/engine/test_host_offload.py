@@ -73,6 +73,18 @@ def test_a_prompt_evicted_to_host_is_loaded_back_at_the_h2d_bandwidth(tmp_path: 
     )
 
 
+def test_a_prompt_whole_on_the_gpu_still_computes_its_last_block(tmp_path: Path) -> None:
+    """B repeats A after A finished, and all four of A's blocks are still on the GPU: the
+    match stops one block short, since the prompt's last token must be computed, so B
+    reuses 48 tokens, none from host, and its prefill runs 50 -> 60."""
+    _, b = _replay(tmp_path, [(0, A), (50, A)])
+    assert (b.first_admit_ms, b.first_token_ms, b.last_token_ms) == (50.0, 60.0, 61.0)
+    assert (b.first_admission_reused_input_tokens, b.first_admission_host_reused_input_tokens) == (
+        48,
+        0,
+    )
+
+
 def test_the_load_waits_for_the_first_byte_latency(tmp_path: Path) -> None:
     *_, b = _replay(tmp_path, [(0, A), (50, C), (100, A)], host={"latency_to_first_byte_ms": 2.0})
     assert b.first_admit_ms == 105.0

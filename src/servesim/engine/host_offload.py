@@ -345,6 +345,8 @@ class HostOffload:
     def fence_blocks(self, blocks: list[int]) -> None:
         """New tokens go into ``blocks``: compute waits for the stores still reading them."""
         copying = self._copying
+        if copying.keys().isdisjoint(blocks):  # (mostly: a block being stored is rarely reused)
+            return
         for block in blocks:
             tid = copying.get(block)
             if tid is not None:

@@ -1027,12 +1027,19 @@ class VllmScheduler:
             else:
                 full = min(length // bs, request.named_blocks)
                 self._ensure_hashes(request, full)
-                raw, _ = self.pool.match_prefix(request.hashes, full)
+                raw, raw_active = self.pool.match_prefix(request.hashes, full)
                 verdict, keys = offload.lookup(request, raw, now)
                 if verdict is Lookup.DEFERRED:
                     self._sleep(request)
                     continue
-                g1, active = self.pool.match_prefix(request.hashes, min(full, (length - 1) // bs))
+                # The lookup leaves the GPU pool as it was: the admission's match is the same
+                # one, cut to leave the prompt's last token to compute.
+                limit = min(full, (length - 1) // bs)
+                g1, active = (
+                    (raw, raw_active)
+                    if raw <= limit
+                    else self.pool.match_prefix(request.hashes, limit)
+                )
             if too_long or self.never_fits(request):
                 self._dequeue(request)
                 request.status = _FINISHED
