@@ -182,7 +182,7 @@ class HostTier:
         router follows it (None: nobody does)."""
         # Each block held, resident or pending: RESIDENT, or the id of the copy bringing
         # it (plain ints, not an object a block: a busy tier stores and evicts hundreds of
-        # thousands). Pinned blocks (resident, read by loads) and their pin counts.
+        # thousands). Pinned blocks (resident, read by loads or disk writes) and their pin counts.
         self._state: dict[BlockKey, int] = {}
         self._pins: dict[BlockKey, int] = {}
         self._lru: dict[BlockKey, None] = {}  # resident and unpinned, least recent first
