@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 BlockId = int
 BlockHash = int
@@ -169,7 +170,7 @@ class BlockPool:
         """
         by_hash, refs = self._by_hash, self._refs
         hits = active = 0
-        for block_hash in hashes[:limit]:
+        for block_hash in islice(hashes, limit):  # (not a copy: the walk stops at a miss)
             block = by_hash.get(block_hash)
             if block is None:
                 break

@@ -229,7 +229,7 @@ class HostTier:
         whether any of them is still pending."""
         held = self._state
         end, pending = start, False
-        for key in keys[start:]:
+        for key in islice(keys, start, None):  # (not a copy: the walk stops at a miss)
             state = held.get(key)
             if state is None:
                 break
