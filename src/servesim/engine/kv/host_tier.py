@@ -311,13 +311,13 @@ class HostTier:
         self._last_prompt = (keys, self._recency)
 
     def _touch_cohort(self, keys: Iterable[BlockKey]) -> None:
-        """Blocks that became evictable together: most recent, ordered by key among themselves."""
-        held, pins, lru = self._state, self._pins, self._lru
+        """Blocks that became evictable together: most recent, ordered by key among themselves.
+
+        Each caller passes blocks that were pending or pinned until now (a completed
+        copy, a block's last pin dropped), so none is in the LRU yet.
+        """
         self._recency += 1
-        for key in sorted(keys):
-            if held.get(key) == RESIDENT and key not in pins:
-                lru.pop(key, None)
-                lru[key] = None
+        self._lru.update(dict.fromkeys(sorted(keys)))
 
     # ----- stores -----
 
@@ -464,12 +464,10 @@ class HostTier:
             self._completed.setdefault(transfer.client, []).append(transfer)
             self.completion_epoch += 1
             if transfer.kind is Kind.STORE:
-                # Its blocks were pending under it until now (see check), so neither pinned
-                # nor in the LRU: all become resident and most recent, ordered by key.
+                # Its blocks were pending under it until now (see check): all become resident.
                 stored = transfer.keys
                 self._state.update(dict.fromkeys(stored, RESIDENT))
-                self._recency += 1
-                self._lru.update(dict.fromkeys(sorted(stored)))
+                self._touch_cohort(stored)
                 if stored:
                     self._publish(KvStored(None, tuple(stored), host=True), at)
             else:
