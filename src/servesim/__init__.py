@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from servesim.cluster.planner import PlannerConfig, parse_planner_config, planner_config
 from servesim.config import (
     Backend,
     DiskOffloadConfig,
@@ -34,15 +33,19 @@ from servesim.simulation import Report, RunConfig, SyntheticWorkload, run
 
 if TYPE_CHECKING:
     from servesim.capacity import Candidate, NoFeasibleConfiguration, SearchResult, search
+    from servesim.cluster.planner import PlannerConfig, parse_planner_config, planner_config
     from servesim.sweeps import SweepResult, Table, sweep
 
-# Sweeps and searches load on first use: a replay never needs them, and they are about a
-# tenth of its start-up (their dataclasses, the settings layer).
+# Sweeps, searches and the planner load on first use: a replay without them never needs
+# them, and each is a few percent of its start-up (their dataclasses, the settings layer).
 _ON_FIRST_USE = {
     "Candidate": "servesim.capacity",
     "NoFeasibleConfiguration": "servesim.capacity",
     "SearchResult": "servesim.capacity",
     "search": "servesim.capacity",
+    "PlannerConfig": "servesim.cluster.planner",
+    "parse_planner_config": "servesim.cluster.planner",
+    "planner_config": "servesim.cluster.planner",
     "SweepResult": "servesim.sweeps",
     "Table": "servesim.sweeps",
     "sweep": "servesim.sweeps",

@@ -23,7 +23,6 @@ from typing import Any, NoReturn
 
 import servesim
 from servesim import aic
-from servesim.cluster.planner import parse_planner_config
 from servesim.config import (
     EngineConfig,
     KeyInfo,
@@ -725,7 +724,9 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         seed=args.seed,
         exact_passes=args.exact_passes,
         telemetry_interval_ms=args.telemetry_interval_ms,
-        planner=None if args.planner_config is None else parse_planner_config(args.planner_config),
+        planner=None
+        if args.planner_config is None
+        else servesim.parse_planner_config(args.planner_config),  # (loads the planner)
         planner_details=args.planner_details,
     )
 

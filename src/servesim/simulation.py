@@ -12,14 +12,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servesim.cluster.flows import AggregatedFlow, KvObserver
-from servesim.cluster.planner import Planner, PlannerConfig, check_planner_fits
 from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, ScalingPolicy, Stage
 from servesim.config import Backend, EngineConfig, RouterConfig
-from servesim.engine.kv.disk_tier import DiskTier
-from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.collector import Collector, RequestRecord
@@ -54,6 +51,11 @@ from servesim.workload.request import Session
 from servesim.workload.sharing import mark_shared_blocks, names_any
 from servesim.workload.stream import StreamPlan, StreamQueue, stream_plan
 from servesim.workload.synthetic import synthetic_sessions
+
+if TYPE_CHECKING:
+    from servesim.cluster.planner import PlannerConfig
+    from servesim.engine.kv.disk_tier import DiskTier
+    from servesim.engine.kv.host_tier import HostTier
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -399,6 +401,8 @@ def run(
     """
     _validate(config)
     if config.planner is not None:
+        from servesim.cluster.planner import check_planner_fits  # (a planner run's own module)
+
         if scaling is not None:
             raise ConfigError("a run takes a planner config or a scaling policy, not both")
         if config.prefill_engine is not None and config.decode_engine is not None:
@@ -525,6 +529,8 @@ def _replay_with(
     completions: list[tuple[float, Stage, int]] = []
     disk = None
     if engine.g3_offload is not None:
+        from servesim.engine.kv.disk_tier import DiskTier  # (the KV tiers load when used)
+
         assert engine.kv_cache_bytes_per_token is not None
         disk = DiskTier(engine.g3_offload, engine.block_size * engine.kv_cache_bytes_per_token)
     shared_host = _shared_host_tier(config)
@@ -542,6 +548,8 @@ def _replay_with(
         telemetry = Telemetry(config.telemetry_interval_ms, ledger.windows[-1])
     planner = None
     if config.planner is not None:
+        from servesim.cluster.planner import Planner
+
         ledger.windows.append(TrafficWindow())
         engines = {pool.stage: pool.workers[0].config for pool in flow.pools}
         planner = scaling = Planner(
@@ -787,6 +795,8 @@ def _shared_host_tier(config: RunConfig) -> HostTier | None:
             )
     first = joining[0]
     assert first.native_host_offload is not None and first.kv_cache_bytes_per_token is not None
+    from servesim.engine.kv.host_tier import HostTier
+
     return HostTier(first.native_host_offload, first.block_size * first.kv_cache_bytes_per_token)
 
 

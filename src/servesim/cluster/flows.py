@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import TYPE_CHECKING
 
 from servesim.cluster.runtime import Ledger, Pool
 from servesim.engine.kv.block_pool import KvEvent, KvRemoved
-from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.request import EngineRequest, Status
 from servesim.engine.worker import PassOutputs, ScheduledRemoval, Worker
 from servesim.metrics.collector import RequestRecord, Terminal
@@ -16,6 +16,9 @@ from servesim.router.kv_router import RouteRequest
 from servesim.router.routing import PlacementPolicy, Routed
 from servesim.workload.admission import Released
 from servesim.workload.request import RequestSpec
+
+if TYPE_CHECKING:
+    from servesim.engine.kv.host_tier import HostTier
 
 # Enum members read per request, as globals (a read through the class costs ~15x).
 _FINISHED = Status.FINISHED

@@ -45,15 +45,13 @@ import heapq
 import math
 from collections import deque
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from servesim.config import Backend, EngineConfig, Role
-from servesim.engine.host_offload import HostOffload, Lookup
 from servesim.engine.kv.block_pool import BlockPool, KvEvent
-from servesim.engine.kv.disk_tier import DiskTier
 from servesim.engine.kv.hashing import chain, generated_block_hash
-from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.request import ALL_BLOCKS, EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
 from servesim.engine.scheduler import (
@@ -66,6 +64,11 @@ from servesim.engine.scheduler import (
 )
 from servesim.engine.speculative import SpeculativeSampler
 from servesim.engine.timing import TimingModel, decode_durations, pass_duration
+
+if TYPE_CHECKING:
+    from servesim.engine.host_offload import HostOffload
+    from servesim.engine.kv.disk_tier import DiskTier
+    from servesim.engine.kv.host_tier import HostTier
 
 _UNBOUNDED = 1 << 62
 
@@ -135,6 +138,9 @@ class VllmScheduler:
         self._connector: list[EngineRequest] = []
         self._asleep: set[EngineRequest] = set()
         if config.native_host_offload is not None:
+            # (Its module and the KV tiers under it load only for a run that has them.)
+            from servesim.engine.host_offload import HostOffload
+
             assert config.kv_cache_bytes_per_token is not None
             self._offload = HostOffload(
                 config.native_host_offload,
@@ -976,6 +982,8 @@ class VllmScheduler:
         also fit beside the blocks running prefills and other loads will
         still need, and the loop stops once the token budget is spent.
         """
+        from servesim.engine.host_offload import Lookup  # (loaded with the rank's host tier)
+
         offload = self._offload
         assert offload is not None
         running, result, bs = self.running, self._result, self.block_size

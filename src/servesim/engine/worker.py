@@ -42,13 +42,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from servesim.config import Backend, EngineConfig
 from servesim.engine.kv.block_pool import KvEvent
-from servesim.engine.kv.disk_tier import DiskTier
-from servesim.engine.kv.host_tier import HostTier
 from servesim.engine.request import EngineRequest
 from servesim.engine.roles import DestinationRole, SourceRole
 from servesim.engine.scheduler import (
@@ -62,6 +61,10 @@ from servesim.engine.scheduler import (
 from servesim.engine.sglang import SglangScheduler
 from servesim.engine.timing import make_timing
 from servesim.engine.vllm import VllmScheduler
+
+if TYPE_CHECKING:
+    from servesim.engine.kv.disk_tier import DiskTier
+    from servesim.engine.kv.host_tier import HostTier
 
 _SCHEDULERS: dict[Backend, type[VllmScheduler] | type[SglangScheduler]] = {
     Backend.VLLM: VllmScheduler,

@@ -20,14 +20,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servesim.errors import ConfigError
-from servesim.workload.agentic import AgenticGraph
-from servesim.workload.agentic_mooncake import read_agentic_mooncake
-from servesim.workload.delta import read_applied_compute, read_mooncake_delta
-from servesim.workload.dynamo_trace import dynamo_graph, dynamo_sessions, read_dynamo
 from servesim.workload.mooncake import read_mooncake
 from servesim.workload.request import Session
+
+if TYPE_CHECKING:
+    from servesim.workload.agentic import AgenticGraph
+
+# The readers of the other formats load on first use: most runs read a Mooncake trace
+# (or none), and those modules are about a tenth of servesim's start-up.
 
 FORMATS = ("mooncake", "mooncake-delta", "applied_compute_agentic", "agentic_mooncake", "dynamo")
 """The trace formats servesim reads, the default first."""
@@ -81,6 +84,8 @@ def read_trace(paths: list[Path], options: TraceOptions) -> list[Session] | Agen
             paths[0], trace_block_size=mooncake_tbs, need_timestamps=not options.closed_loop
         )
     if fmt == "mooncake-delta":
+        from servesim.workload.delta import read_mooncake_delta
+
         return read_mooncake_delta(
             paths[0], trace_block_size=mooncake_tbs, need_timestamps=not options.closed_loop
         )
@@ -90,6 +95,8 @@ def read_trace(paths: list[Path], options: TraceOptions) -> list[Session] | Agen
                 "--trace-format=applied_compute_agentic requires --replay-concurrency because "
                 "the source traces do not include first-turn timestamps"
             )
+        from servesim.workload.delta import read_applied_compute
+
         return read_applied_compute(
             paths[0],
             trace_block_size=mooncake_tbs,
@@ -97,6 +104,10 @@ def read_trace(paths: list[Path], options: TraceOptions) -> list[Session] | Agen
             num_prefix_groups=options.num_prefix_groups,
         )
     if fmt == "agentic_mooncake":
+        from servesim.workload.agentic_mooncake import read_agentic_mooncake
+
         return read_agentic_mooncake(paths[0])
+    from servesim.workload.dynamo_trace import dynamo_graph, dynamo_sessions, read_dynamo
+
     trace = read_dynamo(paths, trace_block_size=tbs)
     return dynamo_graph(trace) if trace.agentic else dynamo_sessions(trace)
