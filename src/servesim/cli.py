@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import servesim
-from servesim import aic
 from servesim.config import (
     EngineConfig,
     KeyInfo,
@@ -1038,6 +1037,8 @@ def render_keys() -> str:
 
 def render_timing_list() -> str:
     """The ``servesim timing list`` listing: presets, then what AIC timing covers."""
+    from servesim import aic
+
     lines = ['Timing presets (timing_model: {"profile": NAME}):']
     width = max(len(name) for name in PRESETS)
     lines += [f"  {name:<{width}}  {preset.description}" for name, preset in PRESETS.items()]

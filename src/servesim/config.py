@@ -17,17 +17,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from servesim.aic import (
-    DEFAULT_MEMORY_FRACTION,
-    MEMORY_FRACTION_KEYS,
-    AicSpec,
-    check_covered,
-    kv_memory,
-)
 from servesim.errors import ConfigError
 from servesim.presets import PRESETS, preset_path
+
+if TYPE_CHECKING:
+    from servesim.aic import AicSpec
 
 
 class Role(StrEnum):
@@ -282,6 +278,8 @@ def _aic_timing(key: str, value: dict[str, Any]) -> TimingModelConfig:
     # The backend and TP size are filled in from the engine (see _resolve_aic).
     fields.setdefault("backend", "")
     fields.setdefault("tp_size", 0)
+    from servesim.aic import AicSpec  # (AIC's layer loads for the runs that price with it)
+
     return TimingModelConfig(type="aic", aic=AicSpec(**fields))
 
 
@@ -744,6 +742,8 @@ def parse_engine_args(
 def _resolve_aic(values: dict[str, Any], raw: Mapping[str, Any], source: str) -> None:
     """Complete an ``aic`` timing model from the engine (backend, TP size), check the
     database covers it, and derive the KV capacity and bytes per token not given."""
+    from servesim.aic import DEFAULT_MEMORY_FRACTION, MEMORY_FRACTION_KEYS, check_covered, kv_memory
+
     timing: TimingModelConfig = values["timing_model"]
     spec = timing.aic
     assert spec is not None

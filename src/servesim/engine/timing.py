@@ -16,13 +16,15 @@ import functools
 import math
 import os
 import weakref
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from servesim.aic import AicSpec, compile_engine
 from servesim.config import EngineConfig
 from servesim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from servesim.aic import AicSpec
 
 
 class TimingModel(Protocol):
@@ -685,6 +687,8 @@ def shared_aic_timing(spec: AicSpec, speedup: float, decode_speedup: float) -> A
     Raises:
         ConfigError: the package is missing or AIC cannot build the engine.
     """
+    from servesim.aic import compile_engine  # (loads with the first AIC engine)
+
     timing = AicTiming(compile_engine(spec), speedup, decode_speedup)
     # Price one small prefill and decode now: a database without the kernel tables this
     # engine needs then fails before the run starts, not in the middle of it.
