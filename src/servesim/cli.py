@@ -8,7 +8,6 @@ Exit codes: 0 success, 2 bad usage or input, 1 a simulation that cannot finish,
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import math
 import os
@@ -97,6 +96,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _did_you_mean(given: str, choices: Sequence[str], quote: str = "") -> str:
+    import difflib  # (only a mistyped choice needs it)
+
     close = difflib.get_close_matches(given, choices, n=1)
     return f"; did you mean {quote}{close[0]}{quote}?" if close else ""
 

@@ -9,7 +9,6 @@ simulate yet, is a :class:`ConfigError` naming the key.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -680,6 +679,8 @@ def _parse_keys(
 
 def _unknown_key_hint(key: str, table: KeyTable) -> str:
     """What to tell the user about an unknown key: the closest known one, and where the rest are."""
+    import difflib  # (only a mistyped key needs it)
+
     close = difflib.get_close_matches(key, table, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     if len(table) <= 10:

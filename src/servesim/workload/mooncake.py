@@ -17,7 +17,6 @@ file is read as a stream, line by line, in either case.
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import math
@@ -179,6 +178,8 @@ def open_trace(path: Path) -> Iterator[io.BufferedIOBase]:
         if raw.peek(len(_GZIP_MAGIC))[: len(_GZIP_MAGIC)] != _GZIP_MAGIC:
             yield raw
             return
+        import gzip  # (only a compressed trace needs it)
+
         with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:  # leaves raw open: closed above
             yield unzipped
 

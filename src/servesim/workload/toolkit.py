@@ -22,7 +22,6 @@ prefix sharing). CSV input is converted as it is read, row by row.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
@@ -279,6 +278,8 @@ def _session_lines(sessions: list[Session], tbs: int) -> Iterator[str]:
 
 
 def _csv(path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    import csv  # (the trace tools read CSV; a replay never does)
+
     name = label(path)
     with open_trace(path) as handle:
         text = io.TextIOWrapper(cast(IO[bytes], handle), encoding="utf-8", newline="")
