@@ -1507,7 +1507,11 @@ class VllmScheduler:
         return max(left, 0)
 
     def _generation_complete(self, request: EngineRequest) -> bool:
-        return self._remaining(request) == 0
+        """``_remaining(request) == 0``, without its min and max: every ready request asks."""
+        if request.generated >= request.max_output:
+            return True
+        max_len = self.config.max_model_len
+        return max_len is not None and request.prompt_len + request.generated >= max_len
 
     def _finish(self, request: EngineRequest) -> None:
         request.status = _FINISHED
