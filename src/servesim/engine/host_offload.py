@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
 
 from servesim.config import HostOffloadConfig
 from servesim.engine.kv.block_pool import BlockPool, KvEvent
 from servesim.engine.kv.disk_tier import Direction, DiskTier, Probe
 from servesim.engine.kv.host_tier import BlockKey, HostTier, Kind, Residency
 from servesim.engine.request import EngineRequest
+from servesim.engine.scheduler import Lookup
 
 
 @dataclass(slots=True)
@@ -77,14 +77,6 @@ class _RequestState:
     next_store: int = 0  # prompt blocks before this one were offered to host
     latest_store: int | None = None
     load: _Load | None = None
-
-
-class Lookup(Enum):
-    """What a waiting request's host lookup found."""
-
-    MISS = 0
-    HIT = 1
-    DEFERRED = 2
 
 
 class HostOffload:

@@ -3,13 +3,16 @@
 A worker drives its ranks through :class:`RankScheduler`: queue requests, run
 a pass at ``now`` and read its :class:`PassResult`; a scheduler that can
 fast-forward decode-only stretches plans them (:class:`DecodePlan`, see
-:mod:`servesim.engine.worker`), the others plan none.
+:mod:`servesim.engine.worker`), the others plan none. A vLLM rank's host tier
+answers its waiting loop with a :class:`Lookup` (:mod:`servesim.engine.host_offload`,
+which loads only for a run that has one).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Protocol
 
 import numpy as np
@@ -18,6 +21,14 @@ from servesim.engine.kv.block_pool import KvEvent
 from servesim.engine.request import EngineRequest
 from servesim.engine.roles import RankRole
 from servesim.engine.timing import TimingModel
+
+
+class Lookup(Enum):
+    """What a waiting request's host lookup found."""
+
+    MISS = 0
+    HIT = 1
+    DEFERRED = 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -58,6 +58,7 @@ from servesim.engine.scheduler import (
     CatchUp,
     DecodePlan,
     ForwardPass,
+    Lookup,
     PassResult,
     RankGauges,
     population_var,
@@ -982,8 +983,6 @@ class VllmScheduler:
         also fit beside the blocks running prefills and other loads will
         still need, and the loop stops once the token budget is spent.
         """
-        from servesim.engine.host_offload import Lookup  # (loaded with the rank's host tier)
-
         offload = self._offload
         assert offload is not None
         running, result, bs = self.running, self._result, self.block_size
