@@ -336,9 +336,9 @@ class HostOffload:
 
     def fence_blocks(self, blocks: list[int]) -> None:
         """New tokens go into ``blocks``: compute waits for the stores still reading them."""
-        copying = self._copying
-        if copying.keys().isdisjoint(blocks):  # (mostly: a block being stored is rarely reused)
+        if not self.copying_any(blocks):  # (mostly: a block being stored is rarely reused)
             return
+        copying = self._copying
         for block in blocks:
             tid = copying.get(block)
             if tid is not None:

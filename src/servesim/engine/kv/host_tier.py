@@ -386,14 +386,19 @@ class HostTier:
 
     def pin_external(self, keys: list[BlockKey]) -> None:
         """A disk write reads these resident blocks: they may not be evicted until it ends."""
-        pins = self._pins
-        for key in keys:
-            pins[key] = pins.get(key, 0) + 1
-            self._lru.pop(key, None)
+        self._pin(keys)
 
     def unpin_external(self, keys: list[BlockKey]) -> None:
         """The disk write of these blocks ended."""
         self._touch_cohort(self._unpin(keys))
+
+    def _pin(self, keys: list[BlockKey]) -> None:
+        """One more pin on each of these resident blocks: out of the LRU until unpinned."""
+        held, pins, lru = self._state, self._pins, self._lru
+        for key in keys:
+            assert held[key] == RESIDENT, "only a resident block is read (and pinned)"
+            pins[key] = pins.get(key, 0) + 1
+            lru.pop(key, None)
 
     def _unpin(self, keys: list[BlockKey]) -> list[BlockKey]:
         """Drop one pin of each block; return those no longer pinned."""
@@ -431,11 +436,7 @@ class HostTier:
         self, keys: list[BlockKey], owner: int, not_before: float, client: int = 0
     ) -> Transfer:
         """Pin resident blocks and queue their copy to the GPU, starting no earlier than ``not_before``."""
-        held, pins = self._state, self._pins
-        for key in keys:
-            assert held[key] == RESIDENT, "a load reads resident blocks only"
-            pins[key] = pins.get(key, 0) + 1
-            self._lru.pop(key, None)
+        self._pin(keys)
         transfer = Transfer(self._next_tid, Kind.LOAD, list(keys), owner, client)
         self._next_tid += 1
         if self.shared:
