@@ -6,12 +6,15 @@ block before it in every chain that holds it) and touches only the blocks a
 placement or a free makes active or inactive. Requests here are paths in a
 random tree of hashes, so they share prefixes and branch apart at any depth;
 after every step the router's view must be the plain union of the active
-requests' hashes, target by target.
+requests' hashes, target by target, and the blocks it knows to weigh more
+than one (an active child or a request ending there, each counting one) the
+ones that do.
 """
 
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -86,7 +89,23 @@ def test_active_blocks_are_the_union_of_active_requests(steps: list[tuple[object
         for t in range(TARGETS):
             assert set(router._shared[t]) == union[t]
             assert int(router._shared_count[t]) == len(union[t])
+            assert router._branches[t] == _branch_weights(
+                [hs for t_, hs in active.values() if t_ == t]
+            )
         roots = {hs[0] for _, hs in active.values() if hs}
         assert router._root_on == {
             root: sum(1 << t for t in range(TARGETS) if root in union[t]) for root in roots
         }
+
+
+def _branch_weights(chains: list[list[int]]) -> dict[int, int]:
+    """Each block's active children plus the requests ending there, where that is above 1."""
+    children: dict[int, set[int]] = {}
+    ends: dict[int, int] = {}
+    for hashes in chains:
+        for parent, child in pairwise(hashes):
+            children.setdefault(parent, set()).add(child)
+        if hashes:
+            ends[hashes[-1]] = ends.get(hashes[-1], 0) + 1
+    weights = {h: len(children.get(h, ())) + ends.get(h, 0) for h in children.keys() | ends}
+    return {h: w for h, w in weights.items() if w > 1}

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 
@@ -96,7 +97,7 @@ class Placement:
     cached_tokens: int
 
 
-def _active_prefix(hashes: list[int], active: dict[int, int]) -> int:
+def _active_prefix(hashes: list[int], active: set[int]) -> int:
     """How many of ``hashes`` (a chain) lead it in ``active`` (closed under prefixes), by
     bisection."""
     held, beyond = 0, len(hashes) + 1  # hashes[:held] are all active, hashes[:beyond] not
@@ -143,15 +144,19 @@ class KvRouter:
         # blocks no other request shares, active requests, and (with
         # router_assume_kv_reuse) its active shared hashes and how many there are.
         # Those hashes form a forest (a hash's parent is the block before it in every
-        # chain that holds it); each maps to its active children plus the active requests
-        # whose hashes end there, so a request adds and removes only the blocks that
-        # become active or inactive, not every block of its prefix.
+        # chain that holds it); a hash's weight is its active children plus the active
+        # requests whose hashes end there, and _branches keeps the weights above 1. A
+        # request adds and removes only the blocks that become active or inactive, not
+        # every block of its prefix, in one set operation: the ones it removes are those
+        # after its deepest hash of weight above 1.
         self._prefill = np.zeros(targets, dtype=np.int64)
         self._unique = np.zeros(targets, dtype=np.int64)
         self._requests = np.zeros(targets, dtype=np.int64)
-        self._shared: list[dict[int, int]] | None = (
-            [{} for _ in range(targets)] if config.router_assume_kv_reuse else None
-        )
+        self._shared: list[set[int]] | None = None
+        self._branches: list[dict[int, int]] = []
+        if config.router_assume_kv_reuse:
+            self._shared = [set() for _ in range(targets)]
+            self._branches = [{} for _ in range(targets)]
         self._shared_count = np.zeros(targets, dtype=np.int64)
         self._active: dict[int, _Active] = {}
         # The targets requests may go to (None: all; a planner changes the set).
@@ -177,7 +182,8 @@ class KvRouter:
             self._requests = np.concatenate([self._requests, pad])
             self._shared_count = np.concatenate([self._shared_count, pad])
             if self._shared is not None:
-                self._shared += [{} for _ in range(grow)]
+                self._shared += [set() for _ in range(grow)]
+                self._branches += [{} for _ in range(grow)]
         eligible = np.zeros(self.targets, dtype=bool)
         eligible[targets] = True
         self._eligible = eligible
@@ -338,13 +344,15 @@ class KvRouter:
                 # The blocks already active there are a prefix (see _already_active):
                 # the rest hang below its last one, each the parent of the next.
                 held = _active_prefix(hashes, shared)
-                if held:
-                    shared[hashes[held - 1]] += 1  # a new child, or (all held) an end
+                if held:  # a new child of its last active block, or (all active) an end there
+                    branches = self._branches[target]
+                    last = hashes[held - 1]
+                    branches[last] = branches.get(last, 1) + 1
                 else:
                     root = hashes[0]
                     self._root_on[root] = self._root_on.get(root, 0) | 1 << target
                 if held < len(hashes):
-                    shared.update(dict.fromkeys(hashes[held:], 1))  # a child each, the last an end
+                    shared.update(islice(hashes, held, None))  # weight 1: a child, or the end
                     self._shared_count[target] += len(hashes) - held
         self._active[request.uid] = _Active(target, prefill_tokens, hashes, unique)
 
@@ -364,21 +372,22 @@ class KvRouter:
         self._prefill[target] -= active.prefill_tokens
         self._requests[target] -= 1
         self._unique[target] -= active.unique_blocks
-        if self._shared is not None:
-            # From its end up: a block with no request ending there and no active child
-            # left becomes inactive, and its parent loses a child.
-            shared, hashes = self._shared[target], active.hashes
-            index = len(hashes) - 1
-            while index >= 0:
-                h = hashes[index]
-                left = shared[h] - 1
-                if left:
-                    shared[h] = left
-                    break
-                del shared[h]
-                index -= 1
+        if self._shared is not None and active.hashes:
+            # From its end up, a block of weight 1 (this request's end, or the one active
+            # child, gone) becomes inactive, up to the first of weight above 1, which
+            # loses that end or child.
+            hashes, branches = active.hashes, self._branches[target]
+            kept = next(filter(branches.__contains__, reversed(hashes)), None)
+            index = -1 if kept is None else hashes.index(kept)
+            if kept is not None:
+                weight = branches[kept] - 1
+                if weight > 1:
+                    branches[kept] = weight
+                else:
+                    del branches[kept]
+            self._shared[target].difference_update(islice(hashes, index + 1, None))
             self._shared_count[target] -= len(hashes) - 1 - index
-            if index < 0 < len(hashes):  # its first block too: no longer active there
+            if index < 0:  # its first block too: no longer active there
                 root = hashes[0]
                 mask = self._root_on[root] & ~(1 << target)
                 if mask:
