@@ -169,15 +169,15 @@ class BlockPool:
             (hit blocks, how many of them are active, i.e. already referenced).
         """
         by_hash, refs = self._by_hash, self._refs
-        hits = active = 0
-        for block_hash in islice(hashes, limit):  # (not a copy: the walk stops at a miss)
+        active = 0
+        # (islice, not a copy: the walk stops at a miss)
+        for hits, block_hash in enumerate(islice(hashes, limit)):
             block = by_hash.get(block_hash)
             if block is None:
-                break
-            hits += 1
+                return hits, active
             if refs[block]:
                 active += 1
-        return hits, active
+        return min(limit, len(hashes)), active
 
     def removals_of_oldest(self, count: int) -> list[BlockHash | None]:
         """For evicting the ``count`` oldest inactive blocks in turn: the hash each
@@ -237,10 +237,10 @@ class BlockPool:
         the call returns False, so the caller can preempt and retry.
         """
         refs = self._refs
-        picks = [self._by_hash[h] for h in prefix]  # each hash's first cached copy
+        picks = list(map(self._by_hash.__getitem__, prefix))  # each hash's first cached copy
         shortfall = num_new - self.num_free
         if shortfall > 0:
-            pinned_inactive = sum(1 for b in picks if not refs[b])  # in the LRU
+            pinned_inactive = list(map(refs.__getitem__, picks)).count(0)  # in the LRU
             if shortfall > self._inactive - pinned_inactive:
                 return False
         table += picks
@@ -385,20 +385,18 @@ class BlockPool:
                     while runs and runs[0][1] <= head:
                         runs.popleft()
                     runs.append((end - len(run), end))
-        inactive = 0
-        queued, enqueue = self._queued, queue.append
+        queued, enqueue, before = self._queued, queue.append, len(queue)
         for block in table[start - 1 :: -1] if start else ():
             held = refs[block]
             if held == 1:  # its last holder: into the LRU
                 refs[block] = 0
                 enqueue(block)
                 queued[block] += 1
-                inactive += 1
             elif held:
                 refs[block] = held - 1
             else:
                 free.append(block)  # private (an unhashed block has no references)
-        self._inactive += inactive
+        self._inactive += len(queue) - before  # (each block it queued)
         table.clear()
         if len(queue) > 2 * self._inactive + 4096:
             self._drop_stale()
