@@ -286,7 +286,7 @@ class KvRouter:
         # its prefill load whole (x - 0.0 is x), a zero weight adds nothing (x + 0.0 is x,
         # up to the sign of a zero, which no comparison of costs sees) and a unit scale
         # multiplies nothing; the work is then a few whole-array operations.
-        decay: np.ndarray | float = 1.0
+        decay: np.ndarray | None = None  # (None: 1.0, and x * 1.0 is x)
         if config.router_track_prefill_tokens:
             uncredited = (self._prefill + request.isl) / bs
             if config.overlap_score_credit_decay > 0:
@@ -298,12 +298,10 @@ class KvRouter:
                 )
         else:
             uncredited = np.zeros(self.targets)
-        host = overlaps.host
-        for target in overlaps.device.keys() | host.keys():
-            factor = config.overlap_score_credit * (
-                decay if isinstance(decay, float) else float(decay[target])
-            )
-            credit = factor * overlaps.device.get(target, 0)
+        device, host, unit = overlaps.device, overlaps.host, config.overlap_score_credit
+        for target in (device.keys() | host.keys()) if host else device:
+            factor = unit if decay is None else unit * float(decay[target])
+            credit = factor * device.get(target, 0)
             if target in host:
                 credit = credit + config.host_cache_hit_weight * host[target]
             left = float(uncredited[target]) - credit
