@@ -48,5 +48,9 @@ def test_overlaps_match_a_set_per_target(
             held[target].difference_update(blocks)
         for block in blocks:
             assert index.holders(block) == {t for t in range(TARGETS) if block in held[t]}
+        # Look-ups between events too: the index remembers the first blocks it was asked
+        # about, and the events must keep what it remembers current.
+        for chain in lookups[:2]:
+            assert index.overlaps(chain) == _model_overlaps(held, chain)
     for chain in lookups:
         assert index.overlaps(chain) == _model_overlaps(held, chain)
