@@ -376,7 +376,7 @@ class KvRouter:
             # loses that end or child.
             hashes, branches = active.hashes, self._branches[target]
             kept = next(filter(branches.__contains__, reversed(hashes)), None)
-            index = -1 if kept is None else hashes.index(kept)
+            index = -1 if kept is None else hashes.index(kept)  # (a chain's hashes differ)
             if kept is not None:
                 weight = branches[kept] - 1
                 if weight > 1:
