@@ -28,7 +28,7 @@ the device.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import compress, filterfalse, islice, repeat
 
 from servesim.engine.kv.block_pool import KvEvent, KvStored
@@ -83,10 +83,7 @@ class KvIndexer:
             mask = self._firsts[hashes[0]] = sum(1 << t for t in _holding(device, hashes[0]))
         found: dict[int, int] = {}
         count, prefix = 0, hashes[:0]  # the previous target's count, and its blocks
-        while mask:
-            low = mask & -mask
-            mask ^= low
-            target = low.bit_length() - 1
+        for target in targets_in(mask):
             held = device[target]
             if not (
                 count and (count == n or hashes[count] not in held) and held.issuperset(prefix)
@@ -115,6 +112,14 @@ class KvIndexer:
     def holders(self, block_hash: int) -> frozenset[int]:
         """Targets holding a block (for tests and diagnostics)."""
         return frozenset(_holding(self._device, block_hash))
+
+
+def targets_in(mask: int) -> Iterator[int]:
+    """The targets whose bits are set in ``mask``, lowest first."""
+    while mask:
+        low = mask & -mask
+        mask ^= low
+        yield low.bit_length() - 1
 
 
 def _holding(sets: list[set[int]], block_hash: int) -> list[int]:
