@@ -58,6 +58,47 @@ BYTES_PER_TOKEN = 250_000  # a block of 4 tokens is 1 MB: 1 ms per block at 1 GB
     latency=0.0,
     disk=("cluster_shared", 5),
 )
+# A prefix the 3-block host tier cannot hold: each disk read evicted the blocks the
+# one before read in, and the replay never ended (request 23, from 7,200 ms on). Now
+# the request gives up restoring after RESTORE_ROUNDS_LIMIT rounds, as the reference
+# does (tests/scenarios/reference/agg_offload_disk_thrash pins the times).
+@example(
+    reqs=[
+        ([0, 2, 3, 2, 0], 4, 3, 49.220972582937925),
+        ([1, 0, 0, 0, 0], 1, 8, 2.0),
+        ([3, 3, 0, 1, 0, 1], 5, 9, 43.69159101380148),
+        ([2, 0, 2, 2, 1, 1], 1, 1, 44.57707685325715),
+        ([0], 6, 1, 148.86338248416456),
+        ([1, 1, 3, 1, 3, 2], 8, 5, 139.42406621004199),
+        ([2, 0, 3, 3, 0, 3], 2, 9, 153.42598317697625),
+        ([2, 0, 2, 2, 1, 0], 4, 4, 126.41199006503643),
+        ([3, 1, 3, 1, 2, 1], 1, 2, 1.3974950802970693e-291),
+        ([0], 1, 10, 186.59710932605353),
+        ([2], 1, 3, 23.299127200380283),
+        ([1, 2, 1, 0, 1], 4, 6, 10.0),
+        ([1], 4, 10, 125.37519406047835),
+        ([1, 0, 2, 0, 1], 3, 0, 9.725546880200138e-191),
+        ([0], 1, 10, 156.28215022269183),
+        ([0, 2], 8, 9, 33.39553386611387),
+        ([0], 2, 12, 34.87637074659054),
+        ([3, 3, 3, 3, 3, 1], 2, 7, 4.063837457514776e-82),
+        ([1, 1, 0, 3, 2, 3], 4, 4, 120.0),
+        ([3], 6, 1, 131.99127200132207),
+        ([1, 1, 3, 1, 3, 2], 4, 4, 2.0),
+        ([1, 2, 1, 0, 1], 1, 10, 44.57707685325715),
+        ([2, 0, 1, 0, 2], 6, 8, 147.1890181380694),
+        ([0, 2, 1, 3, 0, 1], 2, 6, 142.91834845790217),
+        ([3, 1], 2, 4, 85.93123505863221),
+    ],
+    num_workers=2,
+    dp_size=1,
+    budget=36,
+    concurrency=6,
+    host_blocks=3,
+    bandwidths=(4.0, 0.5),
+    latency=0.5,
+    disk=("worker_local", 29),
+)
 @given(
     reqs=requests,
     num_workers=st.integers(1, 2),

@@ -34,6 +34,13 @@ store is written on to disk, its host blocks pinned until the write ends; a
 lookup first walks the run after the GPU hit and, for blocks the host lacks
 but the disk has, reserves host entries and reads them in as one job (the
 request is deferred until then, and then loads them from host as above).
+A prefix larger than the host tier can thrash: each read evicts blocks the
+request read in before, and it never loads. As the reference (aisimulate-core
+0.13.0) bounds this, each lookup that submits a read is one *restore round*
+of the request; the rounds reset whenever the rank schedules work, and after
+:data:`RESTORE_ROUNDS_LIMIT` consecutive rounds the request stops reading
+from disk until it is admitted or preempted (the disk tier counts a
+``bypassed_restores``), so it computes what GPU and host do not hold.
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ from servesim.engine.kv.disk_tier import Direction, DiskTier, Probe
 from servesim.engine.kv.host_tier import BlockKey, HostTier, Kind, Residency
 from servesim.engine.request import EngineRequest
 from servesim.engine.scheduler import Lookup
+
+RESTORE_ROUNDS_LIMIT = 1024
+"""Consecutive restore rounds of a stalled rank after which a request stops reading from disk."""
 
 
 @dataclass(slots=True)
@@ -77,6 +87,7 @@ class _RequestState:
     next_store: int = 0  # prompt blocks before this one were offered to host
     latest_store: int | None = None
     load: _Load | None = None
+    bypass_disk: bool = False  # gave up restoring from disk until admitted or preempted
 
 
 class HostOffload:
@@ -103,6 +114,7 @@ class HostOffload:
         self._reads: dict[int, list[int]] = {}  # disk read job -> host reservations it fills
         self._tried_at = 0.0
         self._tried: set[tuple[int, BlockKey]] = set()  # (request, block) read at _tried_at
+        self._restore_rounds: dict[int, int] = {}  # request uid -> rounds since the rank worked
         self._seen_epoch = 0
         self._states: dict[int, _RequestState] = {}
         self._loading_keys: dict[BlockKey, int] = {}  # key -> load transfer id
@@ -136,6 +148,12 @@ class HostOffload:
         """The request ended on this rank."""
         self._states.pop(request.uid, None)
         self._with_load.pop(request.uid, None)
+        self._restore_rounds.pop(request.uid, None)
+
+    def rank_worked(self) -> None:
+        """The rank scheduled work: every request's restore rounds start again."""
+        if self._restore_rounds:
+            self._restore_rounds.clear()
 
     def load_of(self, request: EngineRequest) -> _Load | None:
         """The request's load, under way or activated."""
@@ -188,11 +206,14 @@ class HostOffload:
             state.latest_store = None
         keys = state.prompt_keys
         outcome: tuple[Lookup, list[BlockKey]] = (Lookup.MISS, [])
-        if (
-            g1_blocks < len(keys)
-            and self.disk is not None
-            and self._stage(request, keys[g1_blocks:], now)
-        ):
+        disk = self.disk
+        restoring = g1_blocks < len(keys) and disk is not None and not state.bypass_disk
+        if restoring and self._restore_rounds.get(request.uid, 0) >= RESTORE_ROUNDS_LIMIT:
+            assert disk is not None
+            disk.count_bypass()
+            state.bypass_disk, restoring = True, False
+            del self._restore_rounds[request.uid]
+        if restoring and self._stage(request, keys[g1_blocks:], now):
             outcome = (Lookup.DEFERRED, [])
         elif g1_blocks < len(keys):
             run, deferred = tier.run_from(keys, g1_blocks)
@@ -251,6 +272,7 @@ class HostOffload:
             return deferred
         self._tried.update((request.uid, key) for key in missing)
         self._reads[job.jid] = reservations
+        self._restore_rounds[request.uid] = self._restore_rounds.get(request.uid, 0) + 1
         return True
 
     def loading_any(self, keys: list[BlockKey]) -> bool:
@@ -287,6 +309,8 @@ class HostOffload:
         """The request was admitted reusing ``reused_tokens``; return those that came from host."""
         state = self._states[request.uid]
         load, state.load = state.load, None
+        state.bypass_disk = False
+        self._restore_rounds.pop(request.uid, None)
         if load is None:
             return 0
         del self._with_load[request.uid]
@@ -345,8 +369,12 @@ class HostOffload:
                 self.fence = max(self.fence, self.tier.deadline(tid))
 
     def on_preempted(self, request: EngineRequest) -> None:
-        """vLLM flushes a preempted request's store before its blocks are freed."""
-        tid = self._states[request.uid].latest_store
+        """vLLM flushes a preempted request's store before its blocks are freed; the
+        request may restore from disk again."""
+        state = self._states[request.uid]
+        state.bypass_disk = False
+        self._restore_rounds.pop(request.uid, None)
+        tid = state.latest_store
         if tid is not None and self.tier.in_flight(tid):
             deadline = self.tier.deadline(tid)
             if math.isfinite(deadline):

@@ -332,6 +332,8 @@ class VllmScheduler:
             self._schedule_running()
         if self._offload is not None:
             self._schedule_waiting_offload(now)
+            if cohort or self._scheduled:
+                self._offload.rank_worked()
             for request in self.running:
                 if request in self._scheduled:
                     self._offload.observe_computed(request, now)

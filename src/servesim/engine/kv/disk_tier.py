@@ -89,6 +89,7 @@ class _Stats:
     lookup_pending: int = 0
     evictions: int = 0
     cross_worker_read_blocks: int = 0
+    bypassed_restores: int = 0
     io: tuple[_IoStats, _IoStats] = field(default_factory=lambda: (_IoStats(), _IoStats()))
 
 
@@ -194,6 +195,10 @@ class DiskTier:
         )
         return job
 
+    def count_bypass(self) -> None:
+        """A request gave up restoring from disk (see ``HostOffload``'s restore rounds)."""
+        self._stats.bypassed_restores += 1
+
     def next_event(self) -> float:
         """When the next job starts moving bytes or completes (``math.inf`` if none)."""
         return self._transfers.next_event()
@@ -271,7 +276,8 @@ class DiskTier:
         """The reference's ``g3_offload`` summary object."""
         s = self._stats
         entries = self._entries.values()
-        return {
+        bypassed = {"bypassed_restores": s.bypassed_restores} if s.bypassed_restores else {}
+        return bypassed | {
             "cross_worker_read_blocks": s.cross_worker_read_blocks,
             "evictions": s.evictions,
             "lookup_hits": s.lookup_hits,
