@@ -474,10 +474,14 @@ class Runtime:
         self._own_work = any(
             w.config.native_host_offload is not None for p in flow.pools for w in p.workers
         )
-        # A shared host tier: any copy submitted may change every idle worker's deadline.
+        # A shared host tier, or a disk tier (its completions are seen by every worker,
+        # whose waiters then look again): any copy may change every idle worker's deadline.
         self._shared_own_work = any(
             w.config.native_host_offload is not None
-            and w.config.native_host_offload.scope == "cluster_shared"
+            and (
+                w.config.native_host_offload.scope == "cluster_shared"
+                or w.config.g3_offload is not None
+            )
             for p in flow.pools
             for w in p.workers
         )
