@@ -51,9 +51,6 @@ HOST_SPEED_KEYS = frozenset(
 # from the reference, each explained in docs/reference-differences.md: never compared.
 KNOWN_DIFFERENCES = frozenset(
     {
-        # One disk probe fewer in 8,199 on agg_offload_disk (every time and count
-        # the probes lead to agrees); the extra probe's cause is not pinned down.
-        "g3_offload.lookup_probes",
         # Digests of the reference's own serialisation of the agentic graph and of its
         # lifecycle events, which is not public: servesim digests its own.
         "agentic_graph.graph_digest",

@@ -1111,9 +1111,50 @@ class VllmScheduler:
         return math.inf if self._offload is None else self._offload.next_deadline()
 
     def process_internal(self, now: float) -> None:
-        """While idle, complete the transfers due by ``now``."""
+        """While idle, complete the transfers due by ``now``.
+
+        With a disk tier, the rank first looks its waiters up again as they
+        stand (see :meth:`_relook`), as the reference's idle rank runs a
+        scheduler step before the transfers' completions reach it.
+        """
         if self._offload is not None:
+            if self._offload.disk is not None and not self.running:
+                self._relook(now)
             self._settle_transfers(*self._offload.advance(now))
+
+    def _relook(self, now: float) -> None:
+        """The lookups of a waiting loop run before the due transfers complete.
+
+        The reference wakes an idle rank at a transfer's deadline with a
+        scheduler step, and the transfers complete at that step's end (then
+        the rank steps again, as :meth:`process_internal`'s caller does here).
+        Nothing changed since the rank last found nothing to admit, so the step
+        admits nothing: its waiters are looked up in the waiting loop's order
+        (each one deferred goes to sleep) up to the first that is not deferred.
+        Only the lookups' effects remain: disk probes counted, host recency.
+        """
+        offload = self._offload
+        assert offload is not None
+        bs = self.block_size
+        while True:
+            awake = [r for r in self._connector if r not in self._asleep]
+            request = next((r for r in awake if offload.reserved_blocks(r)), None)
+            if request is None:
+                request = awake[0] if awake else (self.waiting[0] if self.waiting else None)
+            if request is None:
+                return
+            max_len = self.config.max_model_len
+            load = offload.load_of(request)
+            if (max_len is not None and request.prompt_len >= max_len) or (
+                load is not None and load.activated
+            ):
+                return
+            full = min(request.length // bs, request.named_blocks)
+            self._ensure_hashes(request, full)
+            raw, _ = self.pool.match_prefix(request.hashes, full)
+            if offload.lookup(request, raw, now)[0] is not Lookup.DEFERRED:
+                return
+            self._sleep(request)
 
     def complete_boundary(self, now: float) -> None:
         """A pass ended at ``now``: transfers due complete and the pass's stores start."""
