@@ -1007,17 +1007,9 @@ class VllmScheduler:
                 continue
             if decode_rank and not self._may_admit_others():
                 return
-            awake = [r for r in self._connector if r not in self._asleep]
-            request = awake[0] if awake else None
-            if awake and offload.disk is not None:
-                # With a disk tier, a waiter already holding GPU blocks for its load goes first.
-                request = next((r for r in awake if offload.reserved_blocks(r)), request)
+            request = self._offload_next()
             if request is None:
-                if not self.waiting:
-                    return
-                request = self._waiting_head()
-                if request is None:
-                    return
+                return
             before = self._prefill_reservation(request)
             # A prompt too long for the model is rejected before the lookup; one too
             # big for the KV cache after it (its lookup touches host recency), as the
@@ -1079,6 +1071,19 @@ class VllmScheduler:
             # Admitted: its load's tail is its running prefill's now.
             reserved += self._prefill_reservation(request) - before
 
+    def _offload_next(self) -> EngineRequest | None:
+        """The next request the waiting loop tries with a host tier: the first awake
+        connector waiter (with a disk tier, one already holding GPU blocks for its load
+        first), else the waiting head (None: nothing to try)."""
+        offload = self._offload
+        assert offload is not None
+        awake = [r for r in self._connector if r not in self._asleep]
+        if awake:
+            if offload.disk is not None:
+                return next((r for r in awake if offload.reserved_blocks(r)), awake[0])
+            return awake[0]
+        return self._waiting_head() if self.waiting else None
+
     def _prefill_reservation(self, request: EngineRequest) -> int:
         """Blocks a request will still need for its prompt: a running chunked prefill's
         rest, or the tail beyond a host load's prefix."""
@@ -1137,10 +1142,7 @@ class VllmScheduler:
         assert offload is not None
         bs = self.block_size
         while True:
-            awake = [r for r in self._connector if r not in self._asleep]
-            request = next((r for r in awake if offload.reserved_blocks(r)), None)
-            if request is None:
-                request = awake[0] if awake else (self.waiting[0] if self.waiting else None)
+            request = self._offload_next()
             if request is None:
                 return
             max_len = self.config.max_model_len
