@@ -540,6 +540,15 @@ def test_explicit_session_named_like_an_implicit_one_stays_apart(tmp_path: Path)
             ["chunked_prefill_size (1000)", "multiple of block_size (16)"],
         ),
         (
+            {
+                "backend": "sglang",
+                "block_size": 4,
+                "dp_size": 4,
+                "sglang": {"chunked_prefill_size": 8},
+            },
+            ["chunked_prefill_size (8)", "dp_size (4)", "each rank 2 tokens", "block_size 4"],
+        ),
+        (
             {"backend": "sglang", "sglang": {"schedule_policy": "LPM"}},
             ["schedule_policy", "'fifo', 'lpm'", "'LPM'"],
         ),
@@ -559,6 +568,7 @@ def test_explicit_session_named_like_an_implicit_one_stays_apart(tmp_path: Path)
         "trtllm-keys-on-vllm",
         "page-size-not-block-size",
         "chunk-not-whole-pages",
+        "chunk-under-a-page-per-dp-rank",
         "policy-case",
         "sglang-without-chunking",
         "trtllm-policy",

@@ -293,6 +293,8 @@ class SglangConfig:
 
     schedule_policy: str = "fifo"
     max_prefill_tokens: int = 16384
+    # Shared by a worker's DP ranks: a rank chunks by chunked_prefill_size // dp_size
+    # (max_prefill_tokens and the rest are each rank's own).
     chunked_prefill_size: int = 8192
     clip_max_new_tokens: int = 4096
     schedule_conservativeness: float = 1.0
@@ -312,7 +314,7 @@ _SGLANG_KEY_MEANINGS = {
     "schedule_policy": "order of the waiting queue: fifo, or lpm (longest cached prefix first)",
     "page_size": "tokens per radix-cache page; must equal block_size (null: block_size)",
     "max_prefill_tokens": "token budget of one prefill pass",
-    "chunked_prefill_size": "largest prefill chunk in tokens (a multiple of block_size)",
+    "chunked_prefill_size": "prefill tokens of one pass, shared by the DP ranks (a multiple of block_size; each rank gets chunked_prefill_size // dp_size)",
     "clip_max_new_tokens": "cap on each request's remaining output that admission reserves",
     "schedule_conservativeness": "scales the new-token-ratio reserve admission keeps (0.7 x this)",
 }
@@ -854,6 +856,15 @@ def _sglang_config(
         raise ConfigError(
             f"{source}: sglang.chunked_prefill_size ({config.chunked_prefill_size}) must be a "
             f"multiple of block_size ({block_size})"
+        )
+    # As the reference, each DP rank chunks by its share of the size (floored).
+    dp_size = values.get("dp_size", 1)
+    per_rank = config.chunked_prefill_size // dp_size
+    if per_rank < block_size:
+        raise ConfigError(
+            f"{source}: sglang.chunked_prefill_size ({config.chunked_prefill_size}) over "
+            f"dp_size ({dp_size}) ranks leaves each rank {per_rank} tokens a pass, less than "
+            f"a page (block_size {block_size}): no prompt could be prefilled"
         )
     if not values.get("enable_chunked_prefill", True):
         raise ConfigError(

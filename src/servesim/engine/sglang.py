@@ -118,7 +118,8 @@ class SglangScheduler:
         sglang = config.sglang
         self._lpm = sglang.schedule_policy == "lpm" and self._caching
         self._max_prefill = sglang.max_prefill_tokens
-        self._chunk = sglang.chunked_prefill_size
+        # The reference divides the chunk (only it) among a worker's DP ranks, floored.
+        self._chunk = sglang.chunked_prefill_size // config.dp_size
         self._clip = sglang.clip_max_new_tokens
         self._ratio_init = _NEW_TOKEN_RATIO_INIT * sglang.schedule_conservativeness
         self._ratio_floor = self._ratio_init * _NEW_TOKEN_RATIO_FLOOR
