@@ -46,12 +46,19 @@ def chain_all(locals_: Iterable[int], parent: int | None = None) -> list[int]:
     return out
 
 
+GENERATED_SEED = 0x67656E65726174
+"""Seed of :func:`generated_block_hash`: not the token hashes' :data:`SEED`, so no block of
+tokens hashes alike (the bytes of (salt 0, index 0) are those of four 0 tokens)."""
+
+
 def generated_block_hash(salt: int, block_index: int) -> int:
     """Local hash of a block that holds generated tokens.
 
     The reference samples generated tokens at random, so a block holding any of
     them never matches another request's block; it only matches the same
     request's own copy after a preemption. Hashing (request salt, block index)
-    gives exactly that identity without keeping per-token objects.
+    gives exactly that identity without keeping per-token objects, under a seed
+    of its own (with the token seed, the first request's first such page on
+    4-token pages hashed as a prompt page of the first trace token, 0).
     """
-    return int(_xxh3(_pack_pair(salt, block_index), SEED))
+    return int(_xxh3(_pack_pair(salt, block_index), GENERATED_SEED))
