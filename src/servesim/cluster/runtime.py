@@ -837,6 +837,12 @@ class Runtime:
         else:
             pool.wake(worker_id)
             self.flow.on_pass_end(pool, worker, worker.finish_pass(), now)
+            if pool.stage is Stage.DECODE:
+                # A decode worker whose pass took no time (an SGLang rank re-admitting a
+                # retracted request) starts its next pass at once, as the reference does:
+                # a destination asked for then waits for that pass's end.
+                pool.wakeable.discard(worker_id)
+                self._start_pass(pool, worker_id, now)
         return True
 
     def _deliver_windows_up_to(self, limit: float) -> None:
