@@ -969,9 +969,13 @@ class VllmScheduler:
                 result.rejected.append(request)
                 continue
             request.pending_cached = cached
+            budget = self._budget
             if self._schedule(request, from_waiting=True) is not _SCHEDULED:
                 return
-            if self._budget == 0:
+            if budget == 0:
+                # The loop goes on past a request that spent the budget, and stops after
+                # one that took no tokens with none left: a prompt needing no tokens
+                # (TensorRT-LLM reuses a fully cached prompt) is still admitted once.
                 return
 
     def _schedule_waiting_offload(self, now: float) -> None:
