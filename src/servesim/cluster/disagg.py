@@ -389,7 +389,7 @@ class DisaggregatedFlow:
         # The reference queues the reservation at once; it tries the queue then only if
         # the worker is idle, else at the end of the pass in flight.
         destination = self._destination(handoff)
-        if self._decode.settle_worker(worker, now):
+        if self._busy(self._decode, worker, now):
             destination.enqueue(handoff.decode_request)
             self._decode.commanded(worker)
             self._outcome(uid, action, _ACCEPTED)
@@ -421,11 +421,29 @@ class DisaggregatedFlow:
         else:
             heapq.heappush(self._fixed, (now + delay, uid))
 
+    def _busy(self, pool: Pool, worker_id: int, now: float) -> bool:
+        """Bring a worker to ``now`` before a command touches it; whether a pass is in flight.
+
+        A fast-forward window cut at ``now`` can end with a pass ending exactly
+        then. Stepped pass by pass, that pass would have ended at the start of
+        this instant, before any handoff action ran (and before other workers
+        started their next passes), so it ends here and the command finds the
+        worker idle, as in the reference.
+        """
+        if not pool.settle_worker(worker_id, now):
+            return False
+        worker = pool.workers[worker_id]
+        if worker.busy_until != now:
+            return True
+        pool.wake(worker_id)
+        self.on_pass_end(pool, worker, worker.finish_pass(), now)
+        return False
+
     def _deferred_past_pass(
         self, pool: Pool, worker: int, uid: int, action: Action, now: float
     ) -> bool:
         """Defer ``action`` to the end of the worker's pass in flight, if there is one."""
-        if not pool.settle_worker(worker, now):
+        if not self._busy(pool, worker, now):
             return False
         self._deferred.setdefault((pool.stage, worker), []).append((uid, action))
         return True
