@@ -79,6 +79,7 @@ _HANDOFF_ORDER = {
 _SUBMITTED, _ACCEPTED, _SCHEDULED = Outcome.SUBMITTED, Outcome.ACCEPTED, Outcome.SCHEDULED
 _APPLIED, _NOOP, _FAILED = Outcome.APPLIED, Outcome.NOOP, Outcome.FAILED
 _COMPLETED, _REJECTED = Terminal.COMPLETED, Terminal.REJECTED
+_FAILED_TERMINAL = Terminal.FAILED
 _READY_DECODE = HandoffPhase.READY_DECODE
 
 
@@ -383,7 +384,11 @@ class DisaggregatedFlow:
         assert handoff.decode_request is not None
         worker, rank = handoff.decode_at
         if self._decode.workers[worker].never_fits(rank, handoff.decode_request):
-            self._end(uid, now, _REJECTED)
+            # The reference's decode rank refuses the reservation (a command error): the
+            # request fails, and its record names no decode worker (the dispatch was
+            # aborted; round robin has moved on all the same).
+            handoff.record.decode_worker_idx = None
+            self._end(uid, now, _FAILED_TERMINAL)
             self._outcome(uid, action, _FAILED)
             return
         # The reference queues the reservation at once; it tries the queue then only if

@@ -19,6 +19,9 @@ class Terminal(Enum):
 
     COMPLETED = "completed"
     REJECTED = "rejected"
+    # A disaggregated request whose prompt can never fit a decode rank: the reference's
+    # destination reservation fails (an engine command error), not a rejection.
+    FAILED = "failed"
 
 
 class RequestRecord:

@@ -72,7 +72,8 @@ def summarize(
     waits = waits[waits > 0]
     done = f.completed
     completed = int(np.count_nonzero(done))
-    rejected = int(np.count_nonzero(f.ended(Terminal.REJECTED)))
+    # Never fitting: rejected by a rank, or (disaggregated) a destination that failed.
+    rejected = int(np.count_nonzero(f.ended(Terminal.REJECTED) | f.ended(Terminal.FAILED)))
     incomplete = int(np.count_nonzero(f.terminal < 0))
     inputs, outputs = f["input_length"][done], f["output_length"][done]
     total_in, total_out = int(inputs.sum()), int(outputs.sum())
