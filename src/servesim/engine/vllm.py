@@ -1372,8 +1372,13 @@ class VllmScheduler:
             self._ensure_hashes(request, named_end)
             self.pool.cache(request.blocks, request.hashes, start, named_end)
 
-    def _preempt(self, victim: EngineRequest) -> None:
-        """Send a running request back to the front of waiting; it recomputes through the cache."""
+    def _preempt(self, victim: EngineRequest, *, undo_commit: bool = True) -> None:
+        """Send a running request back to the front of waiting; it recomputes through the cache.
+
+        A victim scheduled earlier in this pass gives its work back, and (unless
+        ``undo_commit`` is false: a preemption for the decode bursts, once the
+        pass is decided) its committed prompt tokens.
+        """
         full = victim.num_computed // self.block_size
         if self._caching and victim.named_blocks < full:
             # Its unnamed blocks are for its own re-admission to find: name them now.
@@ -1398,7 +1403,8 @@ class VllmScheduler:
             desired, prompt_before, prompt_tokens = undo
             self._budget += desired
             if prompt_before >= 0:
-                self.committed_prefill_tokens -= desired
+                if undo_commit:
+                    self.committed_prefill_tokens -= desired
                 batch = self._batch
                 batch[0] -= 1
                 batch[1] -= prompt_before + prompt_tokens
@@ -1505,7 +1511,9 @@ class VllmScheduler:
             victim = self._pick_victim()
             if victim is None:
                 return self._pass_end(now, prefill, 0.0)
-            self._preempt(victim)
+            # The pass's prefill is priced already, and its committed prompt tokens stay
+            # counted, the victim's too (the reference's committed_prefill_tokens).
+            self._preempt(victim, undo_commit=False)
         decode = 0.0
         if ready and self._decodes:
             context = sum(r.length for r in ready)
