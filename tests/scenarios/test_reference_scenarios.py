@@ -69,14 +69,7 @@ PLANNER = [sc.name for sc in load_scenarios() if sc.planner and not sc.kv_router
 KNOWN_MISSING_KEYS: dict[str, str] = {}
 
 # Scenario -> which summary values differ (test_summary_matches_reference).
-KNOWN_SUMMARY_FAILURES: dict[str, str] = {
-    "disagg_planner_throughput_min2": (
-        "decode ranks whose requests' sequences outgrow the KV cache (through shared prefixes) "
-        "admit a few P/D destinations one decode pass later than the reference from about "
-        "52 s on: mean TTST 0.12 % apart, mean TTFT 3e-5; the planner's events, ticks and "
-        "drains agree exactly (docs/reference-differences.md)"
-    ),
-}
+KNOWN_SUMMARY_FAILURES: dict[str, str] = {}
 
 # The KV router breaks cost ties at random (the reference unseeded, servesim seeded), so
 # one run is one sample: a KV scenario's summary is the per-key median of servesim's runs
@@ -97,9 +90,7 @@ def median_summary(runs: list[Json]) -> Json:
 
 
 # Scenario -> which per-request records differ (test_requests_match_reference).
-KNOWN_REQUEST_FAILURES: dict[str, str] = {
-    "disagg_planner_throughput_min2": "20 of 600 records: see KNOWN_SUMMARY_FAILURES",
-}
+KNOWN_REQUEST_FAILURES: dict[str, str] = {}
 
 
 def cases(names: list[str], known: Mapping[str, str]) -> list[pytest.ParameterSet]:
