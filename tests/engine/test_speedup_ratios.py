@@ -78,3 +78,38 @@ def test_speedup_ratios_agree_to_the_bit() -> None:
     """Every ratio's token times are the reference's, exactly."""
     for ratios, expected in REFERENCE.items():
         assert _tokens(*ratios) == expected
+
+
+# SGLang rounds as vLLM does. One request of 45 in / 40 out, block size 16
+# (polynomial timing): (speedup_ratio, decode_speedup_ratio) -> the reference's
+# (first, last) token. Dividing before rounding, as servesim's SGLang rank once
+# did, puts the last token 1 to 19 ns off in each.
+SGLANG_REFERENCE = {
+    (1.0, 1.5): (17.185527, 166.77368),
+    (0.5, 1.0): (34.371054, 483.13551200000006),
+    (1.0, 2.0): (17.185527, 129.37665099999998),
+}
+
+
+@pytest.mark.parametrize(("speedup", "decode_speedup"), sorted(SGLANG_REFERENCE))
+def test_sglang_rounds_before_it_divides(speedup: float, decode_speedup: float) -> None:
+    """An SGLang rank's decode passes round the unscaled duration, then divide it."""
+    report = run(
+        RunConfig(
+            synthetic=SyntheticWorkload(
+                input_tokens=45, output_tokens=40, request_count=1, arrival_interval_ms=200.0
+            ),
+            engine=parse_engine_args(
+                {
+                    "backend": "sglang",
+                    "block_size": 16,
+                    "speedup_ratio": speedup,
+                    "decode_speedup_ratio": decode_speedup,
+                }
+            ),
+        )
+    )
+    (record,) = report.records
+    assert (record.first_token_ms, record.last_token_ms) == SGLANG_REFERENCE[
+        speedup, decode_speedup
+    ]

@@ -70,7 +70,7 @@ from servesim.engine.request import EngineRequest, Status
 from servesim.engine.roles import DestinationRole, SourceRole, make_role
 from servesim.engine.scheduler import CatchUp, DecodePlan, PassResult, RankGauges
 from servesim.engine.speculative import SpeculativeSampler
-from servesim.engine.timing import TimingModel, decode_durations, pass_duration, pass_durations
+from servesim.engine.timing import TimingModel, decode_durations, pass_duration
 
 _UNBOUNDED = 1 << 62
 LPM_FALLBACK_THRESHOLD = 128
@@ -259,12 +259,7 @@ class SglangScheduler:
                 passes = needs[room]
         if passes < 2:
             return None
-        timing, first_total = self.timing, self._sum_base + n * d
-        if timing.decode_divisor == 1.0:  # x / 1.0 is x: the durations any vLLM rank has
-            durations = decode_durations(timing, n, first_total, passes)
-        else:  # SGLang divides before it rounds
-            series = timing.decode_series(n, first_total, passes)
-            durations = pass_durations(series / timing.decode_divisor)
+        durations = decode_durations(self.timing, n, self._sum_base + n * d, passes)
         return DecodePlan(
             members=n,
             first_step=d,
@@ -636,7 +631,7 @@ class SglangScheduler:
         result.seconds += [r for r in self._joined if r in self._fresh]
         self._joined.clear()
         self._fresh.clear()
-        return start + pass_duration(decode / self.timing.decode_divisor)
+        return start + pass_duration(decode, self.timing.decode_divisor)
 
     def _remove_running(self, requests: list[EngineRequest]) -> None:
         gone = set(requests)
@@ -757,7 +752,7 @@ class SglangScheduler:
         decode = self.timing.decode_ms(len(batch), total, total // len(batch))
         if not self._grow(batch, result, self._max_burst):
             return start
-        return start + pass_duration(decode / self.timing.decode_divisor)
+        return start + pass_duration(decode, self.timing.decode_divisor)
 
     def _finish_done(self, batch: list[EngineRequest], result: PassResult) -> list[EngineRequest]:
         """Requests already at their output length finish without a token (out of ``batch``)."""
