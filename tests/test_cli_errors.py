@@ -867,3 +867,23 @@ def test_dynamo_trace_mixing_agent_context_is_refused(
             f"{trace}:1 has one",
         ],
     )
+
+
+def test_sglang_decode_engine_may_chunk_under_a_page() -> None:
+    """A decode rank prefills nothing: the reference runs one whose chunk share is under a
+    page (it refuses only a share of 0), so servesim accepts it there, and only there."""
+    from servesim.config import ConfigError, Role, parse_engine_args
+
+    engine = {
+        "backend": "sglang",
+        "block_size": 8,
+        "dp_size": 2,
+        "sglang": {"chunked_prefill_size": 8},
+    }
+    config = parse_engine_args(engine, source="--decode-engine-args", role=Role.DECODE)
+    assert config.sglang is not None and config.sglang.chunked_prefill_size == 8
+    with pytest.raises(ConfigError, match="each rank 4 tokens"):
+        parse_engine_args(engine, source="--prefill-engine-args", role=Role.PREFILL)
+    zero = {**engine, "block_size": 1, "sglang": {"chunked_prefill_size": 1}}
+    with pytest.raises(ConfigError, match="each rank 0 tokens"):
+        parse_engine_args(zero, source="--decode-engine-args", role=Role.DECODE)

@@ -857,10 +857,12 @@ def _sglang_config(
             f"{source}: sglang.chunked_prefill_size ({config.chunked_prefill_size}) must be a "
             f"multiple of block_size ({block_size})"
         )
-    # As the reference, each DP rank chunks by its share of the size (floored).
+    # As the reference, each DP rank chunks by its share of the size (floored). It refuses
+    # an engine whose share is 0, and a rank that prefills with less than a page stops at
+    # its first prompt; a decode rank, which prefills nothing, runs.
     dp_size = values.get("dp_size", 1)
     per_rank = config.chunked_prefill_size // dp_size
-    if per_rank < block_size:
+    if per_rank == 0 or (per_rank < block_size and values.get("worker_type") is not Role.DECODE):
         raise ConfigError(
             f"{source}: sglang.chunked_prefill_size ({config.chunked_prefill_size}) over "
             f"dp_size ({dp_size}) ranks leaves each rank {per_rank} tokens a pass, less than "
