@@ -872,7 +872,8 @@ def test_dynamo_trace_mixing_agent_context_is_refused(
 def test_sglang_decode_engine_may_chunk_under_a_page() -> None:
     """A decode rank prefills nothing: the reference runs one whose chunk share is under a
     page (it refuses only a share of 0), so servesim accepts it there, and only there."""
-    from servesim.config import ConfigError, Role, parse_engine_args
+    from servesim.config import Role, parse_engine_args
+    from servesim.errors import ConfigError
 
     engine = {
         "backend": "sglang",
