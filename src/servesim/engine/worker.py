@@ -370,9 +370,11 @@ class Worker:
                 admitted += result.admitted
                 progressed |= result.progressed
                 end = max(end, result.end_ms)
-        if not progressed:
+        if not progressed and not any(rank.role.reservation_due() for rank in ran):
             self.stalled = True
             return None
+        # An empty pass still ends: a decode rank whose untried reservation head
+        # waits (it blocks admission) tries it at that end, at the same instant.
         self.busy_until = end
         _collect(results, self._outputs)
         if self.fpms is not None:  # every rank reports the group's pass time
