@@ -1030,9 +1030,7 @@ class VllmScheduler:
                 g1 = active = raw = min(load.prefix_blocks, (length - 1) // bs)
                 verdict = Lookup.MISS
             else:
-                full = min(length // bs, request.named_blocks)
-                self._ensure_hashes(request, full)
-                raw, raw_active = self.pool.match_prefix(request.hashes, full)
+                full, raw, raw_active = self._gpu_prefix(request)
                 verdict, keys = offload.lookup(request, raw, now)
                 if verdict is Lookup.DEFERRED:
                     self._sleep(request)
@@ -1087,6 +1085,13 @@ class VllmScheduler:
                 return next((r for r in awake if offload.reserved_blocks(r)), awake[0])
             return awake[0]
         return self._waiting_head() if self.waiting else None
+
+    def _gpu_prefix(self, request: EngineRequest) -> tuple[int, int, int]:
+        """The request's full named blocks and its cached GPU prefix of them, as a host
+        lookup starts from it: (full blocks, hit blocks, how many hits are active)."""
+        full = min(request.length // self.block_size, request.named_blocks)
+        self._ensure_hashes(request, full)
+        return (full, *self.pool.match_prefix(request.hashes, full))
 
     def _prefill_reservation(self, request: EngineRequest) -> int:
         """Blocks a request will still need for its prompt: a running chunked prefill's
@@ -1144,20 +1149,17 @@ class VllmScheduler:
         """
         offload = self._offload
         assert offload is not None
-        bs = self.block_size
+        max_len = self.config.max_model_len
         while True:
             request = self._offload_next()
             if request is None:
                 return
-            max_len = self.config.max_model_len
             load = offload.load_of(request)
             if (max_len is not None and request.prompt_len >= max_len) or (
                 load is not None and load.activated
             ):
                 return
-            full = min(request.length // bs, request.named_blocks)
-            self._ensure_hashes(request, full)
-            raw, _ = self.pool.match_prefix(request.hashes, full)
+            _, raw, _ = self._gpu_prefix(request)
             if offload.lookup(request, raw, now)[0] is not Lookup.DEFERRED:
                 return
             self._sleep(request)
