@@ -1356,7 +1356,7 @@ def _config_from_record(args: argparse.Namespace, parser: _Parser) -> RunConfig:
 
 def _print(document: dict[str, Any]) -> None:
     """The terminal report on stdout: the terminal's width and colours, or 100 plain columns."""
-    from servesim.metrics.terminal import render_text  # rich loads only to render
+    from servesim.metrics.terminal import render_text
 
     tty = sys.stdout.isatty()
     width = shutil.get_terminal_size().columns if tty else 100
@@ -1366,7 +1366,7 @@ def _print(document: dict[str, Any]) -> None:
 def _report_command(args: argparse.Namespace) -> int:
     """``servesim report REPORT.json [--html PATH]``."""
     from servesim.metrics.html import write_html
-    from servesim.metrics.terminal import renderables
+    from servesim.metrics.terminal import report_lines
 
     html = args.html
     if html is not None and html.is_dir():
@@ -1375,7 +1375,7 @@ def _report_command(args: argparse.Namespace) -> int:
         if html is not None:
             check_writable(html, "--html")
         document = read_report_json(args.report_file)
-        renderables(document)  # every key the report needs is there (or KeyError below)
+        report_lines(document)  # every key the report needs is there (or KeyError below)
         if html is not None:
             write_html(html, document)
     except ServesimError as exc:

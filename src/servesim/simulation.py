@@ -208,7 +208,7 @@ class Report:
 
     def table(self, *, width: int = 100, color: bool = False) -> str:
         """The terminal report as plain text (ANSI colours with ``color``)."""
-        from servesim.metrics.terminal import render_text  # rich loads only to render
+        from servesim.metrics.terminal import render_text
 
         return render_text(self.document(), width=width, color=color)
 

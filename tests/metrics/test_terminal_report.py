@@ -14,7 +14,7 @@ import pytest
 
 from servesim import EngineConfig, Report, RunConfig, Sla, run
 from servesim.cli import main
-from servesim.metrics.terminal import render_text
+from servesim.metrics.terminal import render_text, terminal_html
 from tests.support import write_trace
 
 # Five requests on one worker (block size 64); the second's 3,000-token prompt needs 47 blocks.
@@ -178,3 +178,31 @@ def test_the_cli_prints_the_report_exits_0_with_rejections_and_says_where_files_
 def test_quiet_prints_nothing(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(trace), "--quiet"]) == 0
     assert capsys.readouterr() == ("", "")
+
+
+def test_a_narrow_width_wraps_the_text_but_never_splits_a_number(trace: Path) -> None:
+    report = _replay(trace, 40, sla=Sla(ttft_ms=50.0))
+    wide, narrow = report.table(width=100).splitlines(), report.table(width=60).splitlines()
+    ruled = "┏┃┡│└"
+    # The table keeps its natural width (88 columns here): a terminal wraps its lines.
+    assert [line for line in narrow if line[:1] in ruled] == [
+        line for line in wide if line[:1] in ruled
+    ]
+    text = [line for line in narrow if line[:1] not in ruled]
+    assert max(len(line) for line in text) == 60
+    # A value wraps under its first line, the label column kept.
+    assert "Goodput       3 of 4 completed met the SLA (TTFT ≤ 50 ms):" in text
+    assert "              75.0% attainment, 60.0% of all arrived · 0.72" in text
+
+
+def test_the_html_block_escapes_the_text_and_keeps_the_styles(trace: Path) -> None:
+    block = terminal_html(_replay(trace, 40).document(), width=110)
+    assert block.startswith('<pre class="terminal"><span style="font-weight: bold">servesim ')
+    assert block.endswith("</pre>")
+    assert "polynomial (the reference&#x27;s default fit)" in block
+    assert '<span style="font-weight: bold">Requests      </span>' in block
+    assert '<span style="font-weight: bold; color: #800000">1 rejected</span>' in block
+    assert (
+        block.count("\n")
+        == len(render_text(_replay(trace, 40).document(), width=110).splitlines()) - 1
+    )

@@ -15,7 +15,6 @@ decisions, a sweep's Pareto frontier) is one more builder.
 from __future__ import annotations
 
 import html
-import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,10 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from servesim.metrics.report import atomic_write
-from servesim.metrics.terminal import print_report
+from servesim.metrics.terminal import terminal_html
 
 Figure = dict[str, Any]
 
@@ -335,15 +332,6 @@ def plotly_js() -> str:
     )
 
 
-def _terminal_html(document: dict[str, Any]) -> str:
-    console = Console(
-        record=True, file=io.StringIO(), width=110, force_terminal=True, color_system="standard",
-        highlight=False, emoji=False, legacy_windows=False,
-    )  # fmt: skip
-    print_report(document, console)
-    return console.export_html(inline_styles=True, code_format='<pre class="terminal">{code}</pre>')
-
-
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 1200px; color: #222; }
 h1 { font-size: 1.4rem; } h2 { font-size: 1.1rem; margin: 0 0 .3rem 0; }
@@ -398,7 +386,7 @@ def render_html(document: dict[str, Any]) -> str:
         '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{html.escape(title)}</title>\n<style>{_STYLE}</style>\n"
         f'<script id="plotly-js">{plotly_js()}</script>\n</head>\n<body>\n'
-        f"<h1>{html.escape(title)}</h1>\n{_terminal_html(document)}\n"
+        f"<h1>{html.escape(title)}</h1>\n{terminal_html(document)}\n"
         f'<div class="grid">\n{sections}\n</div>\n'
         f'<script type="application/json" id="servesim-data">{_json_for_script(payload)}</script>\n'
         f"<script>{_SCRIPT}</script>\n</body>\n</html>\n"

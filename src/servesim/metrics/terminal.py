@@ -1,7 +1,7 @@
 """The terminal report: what was simulated, the latency table, then what the run achieved.
 
-Built with ``rich`` from a report document (``{"summary", "run", "series"}``),
-so a saved report prints the same as the run that wrote it. Three parts:
+Laid out from a report document (``{"summary", "run", "series"}``), so a
+saved report prints the same as the run that wrote it. Three parts:
 
 1. a header: the cluster (workers or P/D pools, engine, parallelism, block
    size, KV capacity, timing model), the router and the workload;
@@ -11,17 +11,27 @@ so a saved report prints the same as the run that wrote it. Three parts:
    simulator's own wall time, shown last and dimmed), request counts,
    throughputs, goodput and SLA attainment, GPU-hours, prefix reuse; then a
    warning line for rejected or incomplete requests.
+
+The layout is a list of lines of styled spans, written out as plain text,
+with ANSI colours, or as HTML (:func:`render_text`, :func:`terminal_html`):
+labels left of values wrapped at the width, and the latency table as wide
+as its widest cells (a narrower terminal wraps its lines; no number is ever
+split). Every run prints this, so it is built by hand: a layout library
+took a run 25 ms to import and render.
 """
 
 from __future__ import annotations
 
-import io
+import html
 from typing import Any
 
-from rich import box
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
-from rich.text import Text
+Span = tuple[str, str]
+"""Text and its style: space-separated ``bold``, ``dim``, ``red``, or empty."""
+Line = list[Span]
+
+_ANSI = {"bold": "1", "dim": "2", "red": "31"}
+_CSS = {"bold": "font-weight: bold", "dim": "opacity: 0.6", "red": "color: #800000"}
+_ALERT = "bold red"
 
 _LATENCY_ROWS = (
     ("Time to first token (ms)", "ttft_ms", "num_ttft_samples"),
@@ -133,90 +143,110 @@ def _router_line(run: dict[str, Any]) -> str:
     return text
 
 
-def _header(run: dict[str, Any], summary: dict[str, Any]) -> RenderableType:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column()
-    for pool in run["pools"]:
-        grid.add_row("Cluster" if pool is run["pools"][0] else "", _pool_line(pool))
-    grid.add_row("KV cache", _kv_line(run["pools"]))
-    grid.add_row("Router", _router_line(run))
-    grid.add_row("Timing", _timing_line(run["pools"]))
-    grid.add_row("Workload", _workload_line(run, summary))
-    title = Text(f"servesim {run['servesim_version']} · simulated serving run", style="bold")
-    return Group(title, grid)
+def _header(run: dict[str, Any], summary: dict[str, Any], width: int) -> list[Line]:
+    rows = [
+        ("Cluster" if pool is run["pools"][0] else "", _pool_line(pool)) for pool in run["pools"]
+    ]
+    rows += [
+        ("KV cache", _kv_line(run["pools"])),
+        ("Router", _router_line(run)),
+        ("Timing", _timing_line(run["pools"])),
+        ("Workload", _workload_line(run, summary)),
+    ]
+    title = f"servesim {run['servesim_version']} · simulated serving run"
+    return [[(title, "bold")], *_grid([((label, ""), [(text, "")]) for label, text in rows], width)]
 
 
-def _latency_table(summary: dict[str, Any]) -> Table:
-    table = Table(box=box.HEAVY_HEAD, title=None, show_edge=True, pad_edge=True)
-    table.add_column("Latency", justify="left", no_wrap=True)
-    for label, _ in _COLUMNS:
-        table.add_column(label, justify="right", overflow="fold")
+def _latency_table(summary: dict[str, Any]) -> list[Line]:
+    """The latency rows under a heavy-ruled head: the label column left-aligned, the
+    statistics right-aligned, each column as wide as its widest cell."""
+    rows = [["Latency", *(label for label, _ in _COLUMNS)]]
     for label, key, samples in _LATENCY_ROWS:
         if f"mean_{key}" not in summary:
             continue
         have = summary.get(samples, 0) > 0
-        table.add_row(
-            label, *(_cell(summary.get(f"{stat}_{key}")) if have else "N/A" for _, stat in _COLUMNS)
+        rows.append(
+            [
+                label,
+                *(_cell(summary.get(f"{stat}_{key}")) if have else "N/A" for _, stat in _COLUMNS),
+            ]
         )
-    return table
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+
+    def rule(left: str, fill: str, cross: str, right: str) -> Line:
+        return [(left + cross.join(fill * (w + 2) for w in widths) + right, "")]
+
+    def cells(row: list[str], bar: str, style: str) -> Line:
+        line: Line = [(bar, "")]
+        for i, (text, w) in enumerate(zip(row, widths, strict=True)):
+            line += [(" " + (text.ljust(w) if i == 0 else text.rjust(w)) + " ", style), (bar, "")]
+        return line
+
+    return [
+        rule("┏", "━", "┳", "┓"),
+        cells(rows[0], "┃", "bold"),
+        rule("┡", "━", "╇", "┩"),
+        *(cells(row, "│", "") for row in rows[1:]),
+        rule("└", "─", "┴", "┘"),
+    ]
 
 
 def _results(
-    summary: dict[str, Any], run: dict[str, Any], planner: dict[str, Any] | None
-) -> RenderableType:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column()
+    summary: dict[str, Any], run: dict[str, Any], planner: dict[str, Any] | None, width: int
+) -> list[Line]:
     s = summary
     duration = f"{s['duration_ms'] / 1000.0:,.2f} s simulated (first arrival to last completion)"
     if run.get("time_limited") and run.get("max_sim_time_ms") is not None:
         duration += f"; the run stopped at its limit, {run['max_sim_time_ms'] / 1000.0:,.2f} s"
-    grid.add_row("Duration", duration)
-    grid.add_row("Requests", _requests_text(s, run))
-    grid.add_row(
-        "Throughput",
-        f"{_num(s['request_throughput_rps'])} req/s · output {_num(s['output_throughput_tok_s'], 1)} "
-        f"tok/s · input {_num(s['input_throughput_tok_s'], 1)} tok/s",
-    )
+    rows: list[tuple[Span, Line]] = [
+        (("Duration", ""), [(duration, "")]),
+        (("Requests", ""), _requests_text(s, run)),
+        (
+            ("Throughput", ""),
+            [
+                (
+                    f"{_num(s['request_throughput_rps'])} req/s · output "
+                    f"{_num(s['output_throughput_tok_s'], 1)} tok/s · input "
+                    f"{_num(s['input_throughput_tok_s'], 1)} tok/s",
+                    "",
+                )
+            ],
+        ),
+    ]
     if "goodput_completed_requests" in s:
-        grid.add_row("Goodput", _goodput_text(s, run))
-    grid.add_row("GPU-hours", _gpu_text(s))
+        rows.append((("Goodput", ""), [(_goodput_text(s, run), "")]))
+    rows.append((("GPU-hours", ""), [(_gpu_text(s), "")]))
     if planner is not None:
-        grid.add_row("Planner", _planner_text(planner))
-    grid.add_row(
-        "Prefix reuse",
+        rows.append((("Planner", ""), [(_planner_text(planner), "")]))
+    reuse = (
         f"{_pct(s['prefix_cache_reused_ratio'], 1.0)} of input tokens served from cache "
-        f"({_pct(s['first_admission_prefix_cache_reused_ratio'], 1.0)} at first admission)",
+        f"({_pct(s['first_admission_prefix_cache_reused_ratio'], 1.0)} at first admission)"
     )
+    rows.append((("Prefix reuse", ""), [(reuse, "")]))
     if s.get("router_queued_requests"):
-        grid.add_row(
-            "Router queue",
+        queue = (
             f"{_count(s['router_queued_requests'], 'request')} waited, "
-            f"mean {_num(s['mean_router_queue_wait_ms'])} ms, max {_num(s['max_router_queue_wait_ms'])} ms",
+            f"mean {_num(s['mean_router_queue_wait_ms'])} ms, max {_num(s['max_router_queue_wait_ms'])} ms"
         )
+        rows.append((("Router queue", ""), [(queue, "")]))
     if "wall_time_ms" in s:  # not on the HTML page, which stays the same run after run
-        grid.add_row(
-            Text("Simulator", style="dim"),
-            Text(
-                f"wall time {s['wall_time_ms'] / 1000.0:,.2f} s (the simulator's own run time, not "
-                f"the served duration) · {_num(s['processed_tokens_per_s'], 0)} tokens simulated per second",
-                style="dim",
-            ),
+        wall = (
+            f"wall time {s['wall_time_ms'] / 1000.0:,.2f} s (the simulator's own run time, not "
+            f"the served duration) · {_num(s['processed_tokens_per_s'], 0)} tokens simulated per second"
         )
-    return grid
+        rows.append((("Simulator", "dim"), [(wall, "dim")]))
+    return _grid(rows, width)
 
 
-def _requests_text(s: dict[str, Any], run: dict[str, Any]) -> Text:
-    text = Text(f"{s['num_requests']:,} arrived · {s['completed_requests']:,} completed")
+def _requests_text(s: dict[str, Any], run: dict[str, Any]) -> Line:
+    line: Line = [(f"{s['num_requests']:,} arrived · {s['completed_requests']:,} completed", "")]
     for key, word in (("rejected_requests", "rejected"), ("incomplete_requests", "incomplete")):
         n = s.get(key, 0)
-        text.append(" · ")
-        text.append(f"{n:,} {word}", style="bold red" if n else "")
+        line += [(" · ", ""), (f"{n:,} {word}", _ALERT if n else "")]
     unreleased = run["workload"]["requests"] - s["num_requests"]
     if unreleased > 0:
-        text.append(f" · {unreleased:,} never arrived (time limit)", style="bold red")
-    return text
+        line += [(" · ", ""), (f"{unreleased:,} never arrived (time limit)", _ALERT)]
+    return line
 
 
 def _goodput_text(s: dict[str, Any], run: dict[str, Any]) -> str:
@@ -255,20 +285,17 @@ def _planner_text(planner: dict[str, Any]) -> str:
     )
 
 
-def _warnings(summary: dict[str, Any], run: dict[str, Any]) -> list[Text]:
+def _warnings(summary: dict[str, Any], run: dict[str, Any]) -> list[str]:
     out = []
     arrived = summary["num_requests"]
     rejected = summary.get("rejected_requests", 0)
     incomplete = summary.get("incomplete_requests", 0)
     if rejected:
         out.append(
-            Text(
-                f"! {rejected:,} of {_count(arrived, 'request')} {'was' if rejected == 1 else 'were'} "
-                "rejected: a prompt that can never fit in a worker's KV cache is dropped (more "
-                "num_gpu_blocks, or shorter requests, avoid it). Latencies and throughputs above "
-                "count completed requests only.",
-                style="bold red",
-            )
+            f"! {rejected:,} of {_count(arrived, 'request')} {'was' if rejected == 1 else 'were'} "
+            "rejected: a prompt that can never fit in a worker's KV cache is dropped (more "
+            "num_gpu_blocks, or shorter requests, avoid it). Latencies and throughputs above "
+            "count completed requests only."
         )
     if incomplete:
         why = (
@@ -277,48 +304,97 @@ def _warnings(summary: dict[str, Any], run: dict[str, Any]) -> list[Text]:
             else "they never ended"
         )
         out.append(
-            Text(
-                f"! {incomplete:,} of {_count(arrived, 'request')} "
-                f"{'is' if incomplete == 1 else 'are'} incomplete: {why}.",
-                style="bold red",
-            )
+            f"! {incomplete:,} of {_count(arrived, 'request')} "
+            f"{'is' if incomplete == 1 else 'are'} incomplete: {why}."
         )
     if arrived and not summary["completed_requests"]:
-        out.append(Text("! No request completed: there is no latency to report.", style="bold red"))
+        out.append("! No request completed: there is no latency to report.")
     return out
 
 
-def renderables(document: dict[str, Any]) -> list[RenderableType]:
-    """The report's parts, in print order."""
+def report_lines(document: dict[str, Any], width: int = 100) -> list[Line]:
+    """The report laid out ``width`` columns wide, line by line (a document that lacks a
+    key it needs raises KeyError)."""
     summary, run = document["summary"], document["run"]
-    parts: list[RenderableType] = [
-        _header(run, summary),
-        Text(""),
-        _latency_table(summary),
-        _results(summary, run, document.get("planner")),
-    ]
-    parts += _warnings(summary, run)
-    return parts
-
-
-def print_report(document: dict[str, Any], console: Console) -> None:
-    """Print the report on ``console``."""
-    for part in renderables(document):
-        console.print(part)
+    lines = _header(run, summary, width)
+    lines.append([])
+    lines += _latency_table(summary)
+    lines += _results(summary, run, document.get("planner"), width)
+    for warning in _warnings(summary, run):
+        lines += [[(warning[start:end], _ALERT)] for start, end in _wrap(warning, width)]
+    return lines
 
 
 def render_text(document: dict[str, Any], *, width: int = 100, color: bool = False) -> str:
     """The report as text ``width`` columns wide (with ANSI colours when ``color``)."""
-    buffer = io.StringIO()
-    console = Console(
-        file=buffer,
-        width=width,
-        force_terminal=color,
-        color_system="standard" if color else None,
-        highlight=False,
-        emoji=False,
-        legacy_windows=False,
-        soft_wrap=False,
+
+    def span(text: str, style: str) -> str:
+        if not (color and style):
+            return text
+        codes = ";".join(_ANSI[name] for name in style.split())
+        return f"\x1b[{codes}m{text}\x1b[0m"
+
+    return "\n".join(
+        "".join(span(text, style) for text, style in line) for line in report_lines(document, width)
     )
-    print_report(document, console)
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
+
+
+def terminal_html(document: dict[str, Any], *, width: int = 110) -> str:
+    """The report as a ``<pre class="terminal">`` block, its styles inline."""
+
+    def span(text: str, style: str) -> str:
+        escaped = html.escape(text)
+        if not style:
+            return escaped
+        css = "; ".join(_CSS[name] for name in style.split())
+        return f'<span style="{css}">{escaped}</span>'
+
+    body = "\n".join(
+        "".join(span(text, style) for text, style in line) for line in report_lines(document, width)
+    )
+    return f'<pre class="terminal">{body}</pre>'
+
+
+def _grid(rows: list[tuple[Span, Line]], width: int) -> list[Line]:
+    """Labels (bold) in a column as wide as the longest, two spaces, then each value wrapped
+    at ``width`` under its first line."""
+    indent = max(len(label) for (label, _), _ in rows) + 2
+    lines: list[Line] = []
+    for (label, label_style), value in rows:
+        head: Span = (label.ljust(indent), f"bold {label_style}".strip())
+        for k, part in enumerate(_wrap_spans(value, width - indent)):
+            lines.append([head if k == 0 else (" " * indent, ""), *part])
+    return lines
+
+
+def _wrap(text: str, width: int) -> list[tuple[int, int]]:
+    """Where ``text`` breaks into lines of at most ``width``: at the last space that fits
+    (dropped), or inside a longer word. Each line as (start, end) offsets."""
+    lines = []
+    start, n = 0, len(text)
+    while n - start > width:
+        space = text.rfind(" ", start, start + width + 1)
+        if space > start:
+            lines.append((start, space))
+            start = space + 1
+        else:
+            lines.append((start, start + width))
+            start += width
+    lines.append((start, n))
+    return lines
+
+
+def _wrap_spans(line: Line, width: int) -> list[Line]:
+    """A line's text broken as :func:`_wrap` breaks it, each piece keeping its spans' styles."""
+    text = "".join(part for part, _ in line)
+    out: list[Line] = []
+    for start, end in _wrap(text, width):
+        piece: Line = []
+        offset = 0
+        for part, style in line:
+            lo, hi = max(start, offset), min(end, offset + len(part))
+            if lo < hi:
+                piece.append((part[lo - offset : hi - offset], style))
+            offset += len(part)
+        out.append(piece)
+    return out
