@@ -66,8 +66,8 @@ def summarize(
 ) -> dict[str, Any]:
     """Every summary key of the reference report (plus counts by terminal status), from the
     collector's sketches and every request's facts ``f`` (:meth:`Collector.facts`)."""
-    # Columns in arrival order; samples go to describe() as lists in that order (its
-    # sums are plain sequential sums, as the reference's).
+    # Columns in arrival order; samples go to describe() in that order (its sums are
+    # plain sequential sums, as the reference's).
     waits = f["queue_wait_ms"]
     waits = waits[waits > 0]
     done = f.completed
@@ -137,14 +137,14 @@ def summarize(
         "num_tpot_samples": len(tpot),
         "num_e2e_latency_samples": len(e2e),
     }
-    _dist(out, "ttft", describe(ttft.tolist()))
-    _dist(out, "ttst", describe(ttst.tolist()))
-    _dist(out, "tpot", describe(tpot.tolist()))
+    _dist(out, "ttft", describe(ttft))
+    _dist(out, "ttst", describe(ttst))
+    _dist(out, "tpot", describe(tpot))
     _dist(out, "itl", collector.itl.describe())
-    _dist(out, "e2e_latency", describe(e2e.tolist()))
+    _dist(out, "e2e_latency", describe(e2e))
     _dist(out, "output_token_throughput_per_user", collector.per_user.describe(), suffix="")
     out["router_queued_requests"] = len(waits)
-    _dist(out, "router_queue_wait", describe(waits.tolist()))
+    _dist(out, "router_queue_wait", describe(waits))
     if sla.any:
         out["goodput_completed_requests"] = good
         out["goodput_request_throughput_rps"] = good / seconds
