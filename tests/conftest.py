@@ -7,3 +7,12 @@ Fixtures for every test belong here; the scenario tests' own are in
 ``tests/scenarios/conftest.py``. The tests need nothing outside the
 repository: their data is in ``tests/data/``.
 """
+
+from hypothesis import settings
+
+# The property tests draw the same examples on every run, so that a suite that passed
+# passes again (CI judges a change, not a draw); `pytest --hypothesis-profile=explore`
+# draws new ones each run, to look for counterexamples.
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile("repeatable")
