@@ -14,7 +14,8 @@ KV lives in a radix cache over pages of ``block_size`` tokens
    while the running cap, the token budgets and the KV allow; the budget of
    tokens is what is free or evictable less a reserve for the running
    requests' remaining output (``min(remaining, clip_max_new_tokens) x
-   new_token_ratio``). A prompt larger than what is left of
+   new_token_ratio``, of which a rank of a DP worker reserves
+   :data:`DP_RANK_RESERVE_SHARE`). A prompt larger than what is left of
    ``chunked_prefill_size`` is chunked (whole pages); a chunked request
    returns to the front of ``waiting`` with its complete pages cached.
 4. **Prefill pass** (something was admitted): the prefill of the admitted
@@ -84,6 +85,11 @@ _NEW_TOKEN_RATIO_FLOOR = 0.14
 _NEW_TOKEN_RATIO_DECAY_PASSES = 600
 RETRACT_DECODE_STEPS = 20
 """Decode steps of KV per surviving request that a retraction's ratio re-estimate assumes."""
+DP_RANK_RESERVE_SHARE = 0.3
+"""On a worker of several DP ranks, the share of the running requests' output reserve
+(``new_token_ratio`` times their remaining output) a rank's admission subtracts, as the
+reference's does: probed at 2 and 3 ranks, schedule conservativeness 0.5 to 2, before
+and after hundreds of decode passes (``docs/reference-differences.md``)."""
 
 
 class SglangScheduler:
@@ -125,6 +131,7 @@ class SglangScheduler:
         self._ratio_floor = self._ratio_init * _NEW_TOKEN_RATIO_FLOOR
         self._ratio_step = (self._ratio_init - self._ratio_floor) / _NEW_TOKEN_RATIO_DECAY_PASSES
         self.new_token_ratio = self._ratio_init
+        self._reserve_share = 1.0 if config.dp_size == 1 else DP_RANK_RESERVE_SHARE
         # Destination reservations by request, until the transfer activates them.
         self._reservations: dict[EngineRequest, DestinationReservation] = {}
         self.committed_prefill_tokens = 0
@@ -475,7 +482,8 @@ class SglangScheduler:
         waiting = self.waiting
         if not waiting:
             return [], 0, 0
-        ps, kv, clip, ratio = self.block_size, self.kv, self._clip, self.new_token_ratio
+        ps, kv, clip = self.block_size, self.kv, self._clip
+        ratio = self.new_token_ratio * self._reserve_share
         reserved = 0.0
         for request in self.running:
             reserved += min(request.max_output - self._generated(request), clip) * ratio
