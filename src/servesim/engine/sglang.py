@@ -14,8 +14,8 @@ KV lives in a radix cache over pages of ``block_size`` tokens
    while the running cap, the token budgets and the KV allow; the budget of
    tokens is what is free or evictable less a reserve for the running
    requests' remaining output (``min(remaining, clip_max_new_tokens) x
-   new_token_ratio``, of which a rank of a DP worker reserves
-   :data:`DP_RANK_RESERVE_SHARE`). A prompt larger than what is left of
+   new_token_ratio``; on a DP worker's rank the ratio runs scaled by
+   :data:`DP_RANK_RATIO_SCALE` until a retraction). A prompt larger than what is left of
    ``chunked_prefill_size`` is chunked (whole pages); a chunked request
    returns to the front of ``waiting`` with its complete pages cached.
 4. **Prefill pass** (something was admitted): the prefill of the admitted
@@ -85,11 +85,11 @@ _NEW_TOKEN_RATIO_FLOOR = 0.14
 _NEW_TOKEN_RATIO_DECAY_PASSES = 600
 RETRACT_DECODE_STEPS = 20
 """Decode steps of KV per surviving request that a retraction's ratio re-estimate assumes."""
-DP_RANK_RESERVE_SHARE = 0.3
-"""On a worker of several DP ranks, the share of the running requests' output reserve
-(``new_token_ratio`` times their remaining output) a rank's admission subtracts, as the
-reference's does: probed at 2 and 3 ranks, schedule conservativeness 0.5 to 2, before
-and after hundreds of decode passes (``docs/reference-differences.md``)."""
+DP_RANK_RATIO_SCALE = 0.3
+"""On a worker of several DP ranks, ``new_token_ratio`` starts, decays and bottoms out at
+this share of a lone rank's, as the reference's does, until a retraction re-estimates it
+(unscaled): probed at 2 and 3 ranks, schedule conservativeness 0.5 to 2, before and
+after hundreds of decode passes (``docs/reference-differences.md``)."""
 
 
 class SglangScheduler:
@@ -127,11 +127,14 @@ class SglangScheduler:
         # The reference divides the chunk (only it) among a worker's DP ranks, floored.
         self._chunk = sglang.chunked_prefill_size // config.dp_size
         self._clip = sglang.clip_max_new_tokens
-        self._ratio_init = _NEW_TOKEN_RATIO_INIT * sglang.schedule_conservativeness
-        self._ratio_floor = self._ratio_init * _NEW_TOKEN_RATIO_FLOOR
+        # A rank of a DP worker runs the ratio's schedule scaled down (its start, decay
+        # step and floor); a retraction's re-estimate replaces it unscaled.
+        scale = 1.0 if config.dp_size == 1 else DP_RANK_RATIO_SCALE
+        init = _NEW_TOKEN_RATIO_INIT * sglang.schedule_conservativeness
+        self._ratio_init = init * scale
+        self._ratio_floor = init * _NEW_TOKEN_RATIO_FLOOR * scale
         self._ratio_step = (self._ratio_init - self._ratio_floor) / _NEW_TOKEN_RATIO_DECAY_PASSES
         self.new_token_ratio = self._ratio_init
-        self._reserve_share = 1.0 if config.dp_size == 1 else DP_RANK_RESERVE_SHARE
         # Destination reservations by request, until the transfer activates them.
         self._reservations: dict[EngineRequest, DestinationReservation] = {}
         self.committed_prefill_tokens = 0
@@ -482,8 +485,7 @@ class SglangScheduler:
         waiting = self.waiting
         if not waiting:
             return [], 0, 0
-        ps, kv, clip = self.block_size, self.kv, self._clip
-        ratio = self.new_token_ratio * self._reserve_share
+        ps, kv, clip, ratio = self.block_size, self.kv, self._clip, self.new_token_ratio
         reserved = 0.0
         for request in self.running:
             reserved += min(request.max_output - self._generated(request), clip) * ratio
