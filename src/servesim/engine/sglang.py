@@ -124,7 +124,8 @@ class SglangScheduler:
         sglang = config.sglang
         self._lpm = sglang.schedule_policy == "lpm" and self._caching
         self._max_prefill = sglang.max_prefill_tokens
-        # The reference divides the chunk (only it) among a worker's DP ranks, floored.
+        # The reference divides the chunk among a worker's DP ranks, floored (not the
+        # prefill budget, the running cap or the KV).
         self._chunk = sglang.chunked_prefill_size // config.dp_size
         self._clip = sglang.clip_max_new_tokens
         # A rank of a DP worker runs the ratio's schedule scaled down (its start, decay
