@@ -401,6 +401,9 @@ class DisaggregatedFlow:
             return
         granted = destination.reserve(handoff.decode_request)
         self._decode.commanded(worker)
+        # Granted or queued, the reservation changes what the idle rank may admit (a
+        # queued one lets only prebuilt requests in): it tries again now.
+        self._decode.wake(worker)
         self._outcome(uid, action, _ACCEPTED)
         self._grant(granted, now)
 
