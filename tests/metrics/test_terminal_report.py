@@ -196,13 +196,11 @@ def test_a_narrow_width_wraps_the_text_but_never_splits_a_number(trace: Path) ->
 
 
 def test_the_html_block_escapes_the_text_and_keeps_the_styles(trace: Path) -> None:
-    block = terminal_html(_replay(trace, 40).document(), width=110)
+    document = _replay(trace, 40).document()
+    block = terminal_html(document, width=110)
     assert block.startswith('<pre class="terminal"><span style="font-weight: bold">servesim ')
     assert block.endswith("</pre>")
     assert "polynomial (the reference&#x27;s default fit)" in block
     assert '<span style="font-weight: bold">Requests      </span>' in block
     assert '<span style="font-weight: bold; color: #800000">1 rejected</span>' in block
-    assert (
-        block.count("\n")
-        == len(render_text(_replay(trace, 40).document(), width=110).splitlines()) - 1
-    )
+    assert block.count("\n") == len(render_text(document, width=110).splitlines()) - 1

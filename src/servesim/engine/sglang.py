@@ -132,10 +132,11 @@ class SglangScheduler:
         # step and floor); a retraction's re-estimate replaces it unscaled.
         scale = 1.0 if config.dp_size == 1 else DP_RANK_RATIO_SCALE
         init = _NEW_TOKEN_RATIO_INIT * sglang.schedule_conservativeness
-        self._ratio_init = init * scale
+        self.new_token_ratio = init * scale
         self._ratio_floor = init * _NEW_TOKEN_RATIO_FLOOR * scale
-        self._ratio_step = (self._ratio_init - self._ratio_floor) / _NEW_TOKEN_RATIO_DECAY_PASSES
-        self.new_token_ratio = self._ratio_init
+        self._ratio_step = (
+            self.new_token_ratio - self._ratio_floor
+        ) / _NEW_TOKEN_RATIO_DECAY_PASSES
         # Destination reservations by request, until the transfer activates them.
         self._reservations: dict[EngineRequest, DestinationReservation] = {}
         self.committed_prefill_tokens = 0
