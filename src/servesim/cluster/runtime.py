@@ -492,6 +492,8 @@ class Runtime:
         # looking for them).
         self._timed = self._own_work or scaling is not None or telemetry is not None
         self._flow_timers = flow.timers
+        # The instant at which stuck ranks were last let admit past their heads.
+        self._stalls_broken_at = -math.inf
 
     def run(self, max_sim_time_ms: float | None = None) -> RunOutcome:
         """Run until every request has ended (or the next timestamp passes the cap)."""
@@ -510,6 +512,8 @@ class Runtime:
                 self._sample_due(telemetry, upcoming)
                 continue
             if upcoming == math.inf:
+                if self._break_stalls():
+                    continue
                 break
             if upcoming > cap:
                 self._deliver_windows_up_to(cap)
@@ -550,6 +554,23 @@ class Runtime:
                     upcoming, self._tick_at, self._readies[0][0] if self._readies else math.inf
                 )
         return upcoming
+
+    def _break_stalls(self) -> bool:
+        """A dead end (requests in flight, nothing due): let stuck ranks admit past their
+        waiting heads in their next pass (see :meth:`Worker.break_stall`); whether any
+        could. Once an instant: a dead end that doing so left as it was is final."""
+        if not self.ledger.in_flight or self._stalls_broken_at == self.now:
+            return False
+        self._stalls_broken_at = self.now
+        woke = False
+        for pool in self.flow.pools:
+            for worker_id, worker in enumerate(pool.workers):
+                if not worker.busy and worker.break_stall():
+                    pool.wake(worker_id)
+                    woke = True
+        if woke:
+            self._settle()
+        return woke
 
     def _workload_done(self) -> bool:
         return not self.ledger.in_flight and self.admission.drained()

@@ -241,6 +241,12 @@ class RankScheduler(Protocol):
         """While idle: complete the rank's own work due by ``now``."""
         ...
 
+    def break_stall(self) -> bool:
+        """The replay reached a dead end: for the next pass only, let the rank admit past
+        a head that can never be admitted, where it can (see
+        :meth:`servesim.engine.vllm.VllmScheduler.break_stall`). Whether it can."""
+        ...
+
     def complete_boundary(self, now: float) -> None:
         """A pass ended at ``now``: complete the rank's own work due by then."""
         ...

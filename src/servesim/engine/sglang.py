@@ -926,6 +926,10 @@ class SglangScheduler:
     def complete_boundary(self, now: float) -> None:
         """Nothing: see :meth:`next_internal_deadline`."""
 
+    def break_stall(self) -> bool:
+        """Nothing to break: an SGLang rank admits no differently at a dead end."""
+        return False
+
     def check(self) -> None:
         """Assert the radix cache's invariants given every lease and reservation of the rank."""
         for member in self._members:

@@ -170,6 +170,8 @@ class VllmScheduler:
         self._window_durations: dict[tuple[int, int, int], np.ndarray] = {}
         # The latest stepped pass after which requests still waited (see plan_decode).
         self._waited_step = -1
+        # Set at a dead end of the replay, for the next pass (see break_stall).
+        self._stall_broken = False
         # Plans through finishes by their shape (see _plan_through_finishes).
         self._stretch_plans: dict[
             tuple[int, tuple[tuple[int, int], ...]], tuple[np.ndarray, list[tuple[int, int]]]
@@ -348,6 +350,7 @@ class VllmScheduler:
         )
         if self.waiting:
             self._waited_step = self._step
+        self._stall_broken = False
         return result
 
     def _scheduled_work(self) -> tuple[list[int], int, int, list[int]]:
@@ -1188,11 +1191,8 @@ class VllmScheduler:
         its queue: then only a prebuilt (activated) request may be admitted,
         the first one in waiting order, as the reference does.
 
-        Where the reference would wait for ever, a decode rank with nothing
-        running and no destination in transfer admits differently: a prebuilt
-        request passes a head that cannot be admitted (it holds all its own
-        blocks; the head waits for blocks nobody will free), and with no
-        prebuilt request the head is tried even while reservations wait.
+        Where the reference would wait for ever, a stuck decode rank admits
+        differently (see :meth:`break_stall`).
         """
         waiting = self.waiting
         head = waiting[0]
@@ -1200,7 +1200,7 @@ class VllmScheduler:
         if not isinstance(destination, DestinationRole):
             return head
         prebuilt = next((r for r in waiting if r.blocks and r.num_computed), None)
-        stuck = not self.running and not destination.in_transfer
+        stuck = self._stuck(destination)
         if destination.pending:
             return head if prebuilt is None and stuck else prebuilt
         if prebuilt is None or prebuilt is head or not stuck or self._admission(head) is not None:
@@ -1210,12 +1210,37 @@ class VllmScheduler:
     def _may_admit_others(self) -> bool:
         """On a decode rank: whether a request other than a prebuilt one may be admitted.
 
-        Not while destination reservations wait, unless the rank is stuck (nothing
-        running, nothing in transfer), as :meth:`_waiting_head` decides.
+        Not while destination reservations wait, unless the rank is stuck (see
+        :meth:`break_stall`), as :meth:`_waiting_head` decides.
         """
         destination = self.role
         assert isinstance(destination, DestinationRole)
-        return not destination.pending or (not self.running and not destination.in_transfer)
+        return not destination.pending or self._stuck(destination)
+
+    def break_stall(self) -> bool:
+        """The replay reached a dead end: let a stuck decode rank's next pass admit past it.
+
+        A decode rank is stuck when nothing runs on it, nothing is in transfer
+        to it and its waiting head cannot be admitted: nothing it holds will
+        free blocks. The reference then waits until something reaches the rank
+        (a reservation queued lets a prebuilt request pass the head), for ever
+        if nothing does. servesim waits as long, and where nothing ever would,
+        at the end of the replay's events, the rank's next pass admits
+        differently: a prebuilt request passes the head (it holds all its own
+        blocks), and with no prebuilt request the head is tried even while
+        reservations wait.
+
+        Returns:
+            Whether the rank is a decode rank with work (one that may be stuck).
+        """
+        if not isinstance(self.role, DestinationRole) or not self.has_work():
+            return False
+        self._stall_broken = True
+        return True
+
+    def _stuck(self, destination: DestinationRole) -> bool:
+        """Whether the rank may admit as a stuck one now (see :meth:`break_stall`)."""
+        return self._stall_broken and not self.running and not destination.in_transfer
 
     def _admission(self, request: EngineRequest) -> int | None:
         """Cached prefix tokens to reuse if the request can be admitted now.

@@ -419,6 +419,16 @@ class Worker:
             self.publish()
         return out
 
+    def break_stall(self) -> bool:
+        """The replay reached a dead end: let each rank that can admit differently in its
+        next pass (see :meth:`RankScheduler.break_stall`); whether any can."""
+        broken = False
+        for rank in self.ranks:
+            broken |= rank.break_stall()
+        if broken:
+            self.stalled = False
+        return broken
+
     def next_internal_deadline(self) -> float:
         """When a rank next has work of its own, such as a KV copy completing (``math.inf``: none)."""
         return min(rank.next_internal_deadline() for rank in self.ranks)
