@@ -6,9 +6,9 @@ writes one pool. Blocks are keyed by sequence hash; an entry is *pending*
 while it is being written, and *pinned* while reads copy it to a host tier.
 
 **Transfers** (jobs) move whole blocks: a write when a host store completes
-(the blocks not on disk yet, at most a pool's worth, after evicting the least
-recently touched unpinned entries outside the store; skipped when that cannot
-make room), a read when a host
+(the blocks not on disk yet, after evicting the least recently touched
+unpinned, written entries outside the store; as many of them as that makes
+room for, the first), a read when a host
 lookup finds blocks on disk that its host tier lacks. A job's bytes start
 moving ``latency_to_first_byte_ms`` after it is submitted; jobs moving bytes
 share bandwidth equally, per direction, per worker (and, for a shared pool,
@@ -153,34 +153,35 @@ class DiskTier:
     def submit(self, worker: int, direction: Direction, keys: list[int], now: float) -> Job | None:
         """Start a read of resident blocks, or a write of the blocks not on disk yet.
 
-        A write takes at most ``num_g3_blocks`` new blocks (the first), and makes
-        room by evicting the least recently touched unpinned, written blocks that
-        are not among ``keys``. Returns None when there is nothing to write, a
-        write cannot make room, or a read finds a block missing or pending.
+        A write makes room by evicting the least recently touched unpinned,
+        written blocks that are not among ``keys``, and takes as many new blocks
+        as there is then room for (the first ones). Returns None when there is
+        nothing to write or no room, or a read finds a block missing or pending.
         """
         self.advance(max(now, self.now))
         pool, entries = self._pool(worker), self._entries
         if direction is Direction.WRITE:
             # The store's blocks already on disk are neither written nor evicted to make
-            # room for the others; at most a pool's worth of new blocks is written (the
-            # first ones, in prompt order).
+            # room for the others; of the new blocks, as many as the pool can make room
+            # for are written (the first ones, in prompt order).
             offered = set(keys)
-            keys = [k for k in keys if (pool, k) not in entries][: self.config.num_g3_blocks]
-            if not keys:
-                return None
-            used = sum(1 for p, _ in entries if p == pool)
-            needed = max(0, used + len(keys) - self.config.num_g3_blocks)
-            if needed:
+            keys = [k for k in keys if (pool, k) not in entries]
+            capacity = self.config.num_g3_blocks
+            needed = sum(1 for p, _ in entries if p == pool) + len(keys) - capacity
+            if needed > 0:
                 victims = sorted(
                     (e.touched, k)
                     for (p, k), e in entries.items()
                     if p == pool and not e.pending and not e.pins and k not in offered
                 )
                 if len(victims) < needed:
-                    return None
+                    del keys[len(keys) - needed + len(victims) :]
+                    needed = len(victims)
                 for _, key in victims[:needed]:
                     del entries[pool, key]
                 self._stats.evictions += needed
+            if not keys:
+                return None
             for key in keys:
                 entries[pool, key] = _Entry(pending=True, writer=worker)
         else:
