@@ -114,7 +114,8 @@ class BlockPool:
         self._by_hash: dict[BlockHash, BlockId] = {}
         self._extra_copies: dict[BlockHash, list[BlockId]] = {}
         # Oldest first: a hashed block (its id) or a run of a request's own blocks (a key
-        # < 0 into _runs, their ids oldest first). _inactive counts the live blocks.
+        # < 0 into _runs, their ids with the next to go last, so that taking part of a
+        # run costs what it takes). _inactive counts the live blocks.
         self._queue: deque[int] = deque()
         self._runs: dict[int, list[BlockId]] = {}
         self._inactive = 0
@@ -220,7 +221,7 @@ class BlockPool:
         seen: dict[int, int] = {}
         for key in self._queue:
             if key < 0:
-                yield key, runs[key]
+                yield key, runs[key][::-1]
                 continue
             n = seen.get(key, 0) + 1
             seen[key] = n
@@ -370,7 +371,7 @@ class BlockPool:
             cached = max(start, min(cached_to, len(table)))
             free += table[: cached - 1 : -1] if cached else table[::-1]
             if cached > start:
-                run = table[cached - 1 : start - 1 : -1] if start else table[cached - 1 :: -1]
+                run = table[start:cached]  # (the table's tail goes first)
                 if self._inactive:
                     self._runs[self._next_run] = run
                     queue.append(self._next_run)
@@ -379,7 +380,7 @@ class BlockPool:
                 else:
                     # A run at an empty LRU's head would be the next taken after the free
                     # list, with no identity to lose: the free list's tail is the same place.
-                    free += run
+                    free += reversed(run)
                     end = self._compacted + len(free)
                     runs, head = self._cached_free, self._compacted + self._free_head
                     while runs and runs[0][1] <= head:
@@ -520,13 +521,14 @@ class BlockPool:
         while count:
             key = popleft()
             if key < 0:
-                run = runs.pop(key)
+                run = runs[key]
                 if len(run) > count:
-                    evicted += run[:count]
-                    runs[key] = run[count:]
+                    evicted += run[: -count - 1 : -1]
+                    del run[-count:]
                     queue.appendleft(key)
                     break
-                evicted += run
+                del runs[key]
+                evicted += reversed(run)
                 count -= len(run)
                 continue
             left = queued[key] - 1
