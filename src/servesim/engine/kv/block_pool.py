@@ -207,11 +207,12 @@ class BlockPool:
         """Inactive blocks, next to be evicted first (for tests and diagnostics)."""
         out: list[BlockId] = []
         for key, run in self._live():
-            out += [key] if run is None else run
+            out += [key] if run is None else run[::-1]
         return out
 
     def _live(self) -> Iterator[tuple[int, list[BlockId] | None]]:
-        """The LRU's live entries, oldest first: (block, None) or (run key, its blocks).
+        """The LRU's live entries, oldest first: (block, None) or (run key, its blocks,
+        the next to go last).
 
         A block's entry is live when it is the block's newest and the block is
         unreferenced: a prefix hit left the older ones behind (the block active
@@ -221,7 +222,7 @@ class BlockPool:
         seen: dict[int, int] = {}
         for key in self._queue:
             if key < 0:
-                yield key, runs[key][::-1]
+                yield key, runs[key]
                 continue
             n = seen.get(key, 0) + 1
             seen[key] = n
