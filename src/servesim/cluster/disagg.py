@@ -139,6 +139,8 @@ class DisaggregatedFlow:
         self._handoffs: dict[int, _Handoff] = {}
         self._pending: deque[tuple[int, Action]] = deque()
         self._deferred: dict[tuple[Stage, int], list[tuple[int, Action]]] = {}
+        # The latest instant whose idle workers have had their chance to start a pass.
+        self._driven_at = -math.inf
         self._fixed: list[tuple[float, int]] = []  # (transfer end, uid): fixed-delay transfers
         src_bw, dst_bw = prefill_config.kv_transfer_bandwidth, decode_config.kv_transfer_bandwidth
         receive = dst_bw / src_bw if src_bw and dst_bw else math.inf
@@ -208,8 +210,10 @@ class DisaggregatedFlow:
         else:
             self._decode_ended(worker, outputs, now)
 
-    def settle(self, now: float) -> bool:
+    def settle(self, now: float, *, workers_driven: bool) -> bool:
         """See :class:`~servesim.cluster.runtime.Flow`: transfers due now, then queued actions."""
+        if workers_driven:
+            self._driven_at = now
         done: list[int] = []
         while self._fixed and self._fixed[0][0] <= now:
             done.append(heapq.heappop(self._fixed)[1])
@@ -434,11 +438,14 @@ class DisaggregatedFlow:
 
         A fast-forward window cut at ``now`` can end with a pass ending exactly
         then. Stepped pass by pass, that pass would have ended at the start of
-        this instant, before any handoff action ran (and before other workers
-        started their next passes), so it ends here and the command finds the
-        worker idle, as in the reference.
+        this instant, before the first round of handoff actions ran (and before
+        workers started their next passes), so it ends here and a command of
+        that round finds the worker idle, as in the reference. A command of a
+        later round (such as a request released at this instant asking for a
+        destination) finds it busy with the next pass, which stepping started
+        in between.
         """
-        if not pool.settle_worker(worker_id, now):
+        if not pool.settle_worker(worker_id, now, started=self._driven_at == now):
             return False
         worker = pool.workers[worker_id]
         if worker.busy_until != now:

@@ -210,7 +210,7 @@ class AggregatedFlow:
         """See :class:`~servesim.cluster.runtime.Flow`: its KV events (host copies stored)."""
         self._observe(worker, now)
 
-    def settle(self, now: float) -> bool:
+    def settle(self, now: float, *, workers_driven: bool) -> bool:
         """See :class:`~servesim.cluster.runtime.Flow`: nothing of its own."""
         return False
 

@@ -234,15 +234,16 @@ class Pool:
         if not worker.busy:  # a busy worker tries again at its pass end anyway
             self.wakeable.add(worker_id)
 
-    def settle_worker(self, worker_id: int, now: float) -> bool:
-        """Bring a worker's state to ``now`` before a command touches it.
+    def settle_worker(self, worker_id: int, now: float, *, started: bool = False) -> bool:
+        """Bring a worker's state to ``now`` before a command touches it (``started``: see
+        :meth:`Worker.cut`).
 
         Returns:
             Whether a pass is in flight (a command that must not disturb it
             waits for its end).
         """
         worker = self.workers[worker_id]
-        self._rescheduled(worker_id, worker.cut(now))
+        self._rescheduled(worker_id, worker.cut(now, started=started))
         return worker.busy
 
     def commanded(self, worker_id: int) -> None:
@@ -374,8 +375,12 @@ class Flow(Protocol):
         """An idle worker did work of its own at ``now`` (such as completing a KV copy)."""
         ...
 
-    def settle(self, now: float) -> bool:
-        """Do the flow's own work due at ``now``; return whether anything changed."""
+    def settle(self, now: float, *, workers_driven: bool) -> bool:
+        """Do the flow's own work due at ``now``; return whether anything changed.
+
+        ``workers_driven``: this instant's idle workers have had their chance to
+        start a pass (every settle round but the first).
+        """
         ...
 
     def next_deadline(self) -> float:
@@ -730,6 +735,7 @@ class Runtime:
         sample = telemetry is not None and telemetry.next_ms == now
         tick = self._tick_at == now
         timed, flow_timers = self._timed, self._flow_timers
+        driven = False
         while True:
             # Each step is skipped when a look shows it has nothing to do (the last
             # round, which confirms that nothing changed, is most of them).
@@ -742,11 +748,12 @@ class Runtime:
                 if self._readies and self._readies[0][0] == now:
                     changed |= self._apply_readies(now)
             if flow_timers:
-                changed |= self.flow.settle(now)
+                changed |= self.flow.settle(now, workers_driven=driven)
             if admission.next_ready_ms(now) <= now:
                 changed |= self._release_arrivals(now)
             if any(wakeables):
                 changed |= self._start_passes(now)
+            driven = True
             if timed:
                 if self._scaled:
                     changed |= self._remove_drained(now)

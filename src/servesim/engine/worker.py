@@ -282,11 +282,13 @@ class Worker:
         self._carry = len(window.ends) - passes
         return self._apply(window, passes)
 
-    def cut(self, now: float) -> float | None:
+    def cut(self, now: float, *, started: bool = False) -> float | None:
         """Bring the ranks' state to ``now``, as pass-by-pass stepping would have it.
 
         A window in flight is applied up to the pass in flight at ``now`` and
-        ends with that pass.
+        ends with that pass: the one ending at ``now`` if one does, unless
+        ``started`` (stepping would already have started the next pass at this
+        instant), then the one starting at ``now``.
 
         Returns:
             The new, earlier busy-until time, or None when nothing changed.
@@ -295,7 +297,8 @@ class Worker:
         window = self._window
         if window is None:
             return None
-        passes = min(max(1, int(window.ends.searchsorted(now, side="left")) + 1), len(window.ends))
+        done = int(window.ends.searchsorted(now, side="right" if started else "left"))
+        passes = min(max(1, done + 1), len(window.ends))
         return self._apply(window, passes, ended=passes - 1)
 
     def visible_by(self, limit: float) -> PassOutputs:
