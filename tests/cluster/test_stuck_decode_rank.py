@@ -20,7 +20,6 @@ can then never fit beside the prebuilt requests 1, 2 and 3 whose KV lands by
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -28,22 +27,17 @@ import pytest
 from servesim.config import Role, parse_engine_args
 from servesim.metrics.collector import RequestRecord
 from servesim.simulation import RunConfig, run
+from tests.scenarios.harness import load_scenario, with_absolute_paths, write_trace
 
-TESTS = Path(__file__).resolve().parent.parent
-SCENARIO = json.loads(
-    (TESTS / "scenarios" / "reference" / "disagg_stuck_rank_waits.scenario.json").read_text()
-)
-TRACE = TESTS / "data" / "stuck_rank_waits_for_reservation.jsonl"
+SCENARIO = with_absolute_paths(load_scenario("disagg_stuck_rank_waits").spec)
 
 
 def replay(tmp_path: Path, requests: int, *, exact_passes: bool) -> list[RequestRecord]:
     """The scenario on the trace's first ``requests`` requests; records in arrival order."""
-    trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(TRACE.read_text().splitlines(keepends=True)[:requests]))
     overrides = SCENARIO["servesim_engine_overrides"]
     report = run(
         RunConfig(
-            trace=trace,
+            trace=write_trace({**SCENARIO, "max_requests": requests}, tmp_path),
             trace_block_size=SCENARIO["trace_block_size"],
             router_mode="round_robin",
             replay_concurrency=SCENARIO["replay_concurrency"],

@@ -424,13 +424,10 @@ class Worker:
 
     def break_stall(self) -> bool:
         """The replay reached a dead end: let each rank that can admit differently in its
-        next pass (see :meth:`RankScheduler.break_stall`); whether any can."""
-        broken = False
-        for rank in self.ranks:
-            broken |= rank.break_stall()
-        if broken:
-            self.stalled = False
-        return broken
+        next pass (see :meth:`RankScheduler.break_stall`); whether any can (the caller then
+        wakes the worker)."""
+        broken = [rank.break_stall() for rank in self.ranks]  # every rank's, not the first's
+        return any(broken)
 
     def next_internal_deadline(self) -> float:
         """When a rank next has work of its own, such as a KV copy completing (``math.inf``: none)."""
