@@ -52,6 +52,7 @@ P = HandoffPhase
 
 # 1000 tokens × 128 KiB at 10 GB/s.
 TIMING = TransferTiming(full_prompt_tokens=1000, kv_bytes_per_token=131072, bandwidth_gb_s=10.0)
+TIMING_MS = 13.107199999999999  # TIMING's delay, as the reference rounds 13.1072 ms
 NO_BANDWIDTH = TransferTiming(
     full_prompt_tokens=1000, kv_bytes_per_token=131072, bandwidth_gb_s=None
 )
@@ -102,7 +103,33 @@ def test_transfer_delay_examples_from_the_spec() -> None:
     """128 tokens × 1000 B at 1 GB/s is 0.128 ms; 1000 × 131072 B at 10 GB/s is 13.1072 ms."""
     small = TransferTiming(full_prompt_tokens=128, kv_bytes_per_token=1000, bandwidth_gb_s=1.0)
     assert small.delay_ms(0) == 0.128
-    assert TIMING.delay_ms(7) == 13.1072  # FULL_PROMPT ignores the destination's count
+    # FULL_PROMPT ignores the destination's count; the float is the reference's (seconds,
+    # then ms), one step below 13.1072.
+    assert TIMING.delay_ms(7) == TIMING_MS
+
+
+@pytest.mark.parametrize(
+    ("tokens", "bandwidth", "held_ms", "activated_ms"),
+    [
+        # The reference's source_held_ms and destination_activated_ms, one request of
+        # ``tokens`` tokens at 131,072 B each on an idle independent link.
+        (32, 1.0, 16.987721, 21.182025000000003),
+        (29, 3.0, 16.942094, 18.209123333333334),
+        (1000, 10.0, 32.105859, 45.213059),
+    ],
+)
+def test_transfer_delay_rounds_as_the_reference(
+    tokens: int, bandwidth: float, held_ms: float, activated_ms: float
+) -> None:
+    """The transfer ends at the reference's float to the last bit (bytes / (GB/s x 1e6)
+    gives 21.182025 for the first: a tie with another transfer's end would then break
+    the other way)."""
+    timing = TransferTiming(
+        full_prompt_tokens=tokens, kv_bytes_per_token=131_072, bandwidth_gb_s=bandwidth
+    )
+    delay = timing.delay_ms(0)
+    assert delay is not None
+    assert held_ms + delay == activated_ms
 
 
 def test_destination_missing_mode_prices_the_missing_tokens_plus_per_request_bytes() -> None:
@@ -179,7 +206,7 @@ def test_source_first_happy_path() -> None:
     assert phase(c) is P.AWAITING_DESTINATION
     assert c.on_outcome(1, Outcome.ACCEPTED) == []
     assert c.on_fact(DestinationReserved(transferable_prompt_tokens=1000)) == [
-        StartTransfer(id=2, delay_ms=13.1072)
+        StartTransfer(id=2, delay_ms=TIMING_MS)
     ]
     finish_transfer(c, 2)
     assert c.is_complete and not c.is_active and c.completion is Completion.SUCCESS
@@ -216,7 +243,7 @@ def test_destination_first_happy_path() -> None:
     assert phase(c) is P.QUEUED_PREFILL
     assert c.on_outcome(1, Outcome.SUBMITTED) == []
     assert phase(c) is P.RUNNING_PREFILL
-    assert c.on_fact(SourceHeld(timing=TIMING)) == [StartTransfer(id=2, delay_ms=13.1072)]
+    assert c.on_fact(SourceHeld(timing=TIMING)) == [StartTransfer(id=2, delay_ms=TIMING_MS)]
     finish_transfer(c, 2)
     c.decode_admitted()
     c.decode_finished()
@@ -449,7 +476,7 @@ def test_duplicate_facts_are_ignored() -> None:
     assert c.on_fact(SourceHeld(timing=NO_BANDWIDTH)) == []
     c.on_outcome(1, Outcome.ACCEPTED)
     assert c.on_fact(DestinationReserved(transferable_prompt_tokens=3)) == [
-        StartTransfer(id=2, delay_ms=13.1072)
+        StartTransfer(id=2, delay_ms=TIMING_MS)
     ]
     assert c.on_fact(DestinationReserved(transferable_prompt_tokens=3)) == []
     c.on_outcome(2, Outcome.SCHEDULED)

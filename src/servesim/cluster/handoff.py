@@ -230,9 +230,10 @@ class TransferTiming:
             else destination_missing_tokens
         )
         total_bytes = tokens * (self.kv_bytes_per_token or 0.0) + self.kv_bytes_per_request
-        # GB/s × 1e6 is bytes per ms: the same formula with one rounding fewer, so
-        # 131_072_000 B at 10 GB/s is exactly 13.1072 and not 13.107199999999999.
-        return total_bytes / (bandwidth * 1e6)
+        # Seconds, then ms, rounded as the reference rounds them: 4,194,304 B at 1 GB/s
+        # take 4.194304000000001 ms (bytes / (GB/s x 1e6) would give 4.194304), and a
+        # transfer's end can tie with another's, or miss it by one float step, only so.
+        return total_bytes / (bandwidth * 1e9) * 1000.0
 
 
 # ------------------------------------------------------------------------ actions
