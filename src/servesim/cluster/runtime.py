@@ -849,29 +849,31 @@ class Runtime:
 
     def _start_pass(self, pool: Pool, worker_id: int, now: float) -> bool:
         worker = pool.workers[worker_id]
-        if not worker.can_start():
-            if self._own_work and not worker.busy:
-                self._watch_own_work(pool, worker_id)
-            return False
-        begun = worker.start_pass(now)
-        if begun is None:
-            if self._own_work:
-                self._watch_own_work(pool, worker_id)
-            return False
-        end, admitted = begun
-        self.flow.on_pass_start(pool, worker, admitted, now)
-        if end > now:
-            pool.schedule_end(worker_id, end)
-        else:
+        started = False
+        while True:
+            if not worker.can_start():
+                if self._own_work and not worker.busy:
+                    self._watch_own_work(pool, worker_id)
+                return started
+            begun = worker.start_pass(now)
+            if begun is None:
+                if self._own_work:
+                    self._watch_own_work(pool, worker_id)
+                return started
+            end, admitted = begun
+            self.flow.on_pass_start(pool, worker, admitted, now)
+            if end > now:
+                pool.schedule_end(worker_id, end)
+                return True
             pool.wake(worker_id)
             self.flow.on_pass_end(pool, worker, worker.finish_pass(), now)
-            if pool.stage is Stage.DECODE:
-                # A decode worker whose pass took no time (an SGLang rank re-admitting a
-                # retracted request) starts its next pass at once, as the reference does:
-                # a destination asked for then waits for that pass's end.
-                pool.wakeable.discard(worker_id)
-                self._start_pass(pool, worker_id, now)
-        return True
+            if pool.stage is not Stage.DECODE:
+                return True
+            # A decode worker whose pass took no time (an SGLang rank re-admitting a
+            # retracted request) starts its next pass at once, as the reference does:
+            # a destination asked for then waits for that pass's end.
+            pool.wakeable.discard(worker_id)
+            started = True
 
     def _deliver_windows_up_to(self, limit: float) -> None:
         """At a time cap, make visible the fast-forwarded tokens stamped by ``limit``."""

@@ -75,6 +75,9 @@ _SCHEDULERS: dict[Backend, type[VllmScheduler] | type[SglangScheduler]] = {
 MAX_WINDOW = 4096
 """Most passes one window plans (bounds the arrays; a longer stretch takes several windows)."""
 
+_Queues = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+"""Each rank's running and waiting requests (uids), in order."""
+
 
 @dataclass(slots=True)
 class PassOutputs:
@@ -131,6 +134,7 @@ class Worker:
     __slots__ = (
         "_cache_in_flight",
         "_carry",
+        "_effect_free",
         "_forwards_in_flight",
         "_fpm_in_flight",
         "_outputs",
@@ -205,6 +209,9 @@ class Worker:
         self.busy_until: float | None = None
         # Set when a pass could do nothing; cleared when a request is submitted.
         self.stalled = False
+        # The instant of the latest passes that took no time and emitted nothing, and the
+        # ranks' queues each left (see _repeats_effect_free).
+        self._effect_free: tuple[float, set[_Queues]] | None = None
         # Outputs of the pass in flight, or of a window already applied, delivered at its end.
         self._outputs = PassOutputs()
         self._window: _Window | None = None
@@ -376,6 +383,9 @@ class Worker:
         if not progressed and not any(rank.role.reservation_due() for rank in ran):
             self.stalled = True
             return None
+        if end == now and self._repeats_effect_free(now, results):
+            self.stalled = True
+            return None
         # An empty pass still ends: a decode rank whose untried reservation head
         # waits (it blocks admission) tries it at that end, at the same instant.
         self.busy_until = end
@@ -396,6 +406,31 @@ class Worker:
             )
         self._take_catch_ups()
         return end, admitted
+
+    def _repeats_effect_free(self, now: float, results: list[PassResult]) -> bool:
+        """Whether a pass that took no time, emitted nothing and only admitted or preempted
+        requests left the ranks' queues as an earlier such pass at this instant did: the
+        passes go round in a cycle that stepping would repeat for ever (a decode rank whose
+        request, re-admitted from its cached prefix, cannot fit its speculative burst).
+        The reference stops the replay there ("effect-free zero-duration pass") or never
+        returns; the worker stalls instead, and the replay ends at a dead end unless
+        something reaches it."""
+        if any(r.emitted or r.finished or r.rejected for r in results):
+            self._effect_free = None
+            return False
+        if not any(r.admitted or r.preempted for r in results):
+            return False  # (an empty pass: a reservation tried at its end)
+        queues = tuple(
+            (tuple(r.uid for r in rank.running), tuple(r.uid for r in rank.waiting))
+            for rank in self.ranks
+        )
+        seen = self._effect_free
+        if seen is None or seen[0] != now:
+            seen = self._effect_free = (now, set())
+        if queues in seen[1]:
+            return True
+        seen[1].add(queues)
+        return False
 
     def finish_pass(self) -> PassOutputs:
         """End the pass (or window) in flight and return what it made visible; the worker is idle again."""

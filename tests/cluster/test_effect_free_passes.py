@@ -1,0 +1,140 @@
+"""A decode rank whose passes take no time, emit nothing and go round in a cycle stalls,
+and the replay ends at a clean dead end.
+
+One request of 19 prompt tokens and 4 output tokens, speculative decoding with one
+draft token, on a decode rank of 10 two-token blocks that runs one request at a time.
+Its prompt's KV lands in all 10 blocks; admitted, it needs an 11th for its largest
+burst, so it preempts itself; re-admitted, its prefix is cached (and a decode rank
+prices no prompt recompute), so the pass took no time and the rank admits and
+preempts it again, at the same instant, for ever. The 1.6.1 reference never returns
+from this run (seeds 538, 777 and 927 of the differential's ``disaggregated`` family,
+with more requests, stop it with "effect-free zero-duration pass"); servesim recursed
+until Python's stack ran out.
+
+The cycle may also take two passes: one admits a request, the next preempts it
+(``disaggregated`` seed 777, shrunk to 7 requests).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servesim.config import Role, parse_engine_args
+from servesim.errors import SimulationError
+from servesim.simulation import RunConfig, run
+
+DECODE = {
+    "block_size": 2,
+    "num_gpu_blocks": 10,
+    "max_num_seqs": 1,
+    "aic_nextn": 1,
+    "aic_nextn_accept_rates": "0.7",
+}
+
+
+@pytest.mark.parametrize("exact_passes", [False, True], ids=["fast_forward", "exact"])
+def test_a_rank_that_preempts_what_it_admits_stalls_into_a_dead_end(
+    tmp_path: Path, exact_passes: bool
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    row = {"timestamp": 0, "input_length": 19, "output_length": 4, "hash_ids": [1, 2, 3]}
+    trace.write_text(json.dumps(row) + "\n")
+    config = RunConfig(
+        trace=trace,
+        trace_block_size=8,
+        router_mode="round_robin",
+        prefill_engine=parse_engine_args(
+            {"block_size": 2, "num_gpu_blocks": 64}, role=Role.PREFILL
+        ),
+        decode_engine=parse_engine_args(DECODE, role=Role.DECODE),
+        num_prefill_workers=1,
+        num_decode_workers=1,
+        exact_passes=exact_passes,
+    )
+    with pytest.raises(SimulationError, match=r"dead end at 16\.790 ms with 1 request\(s\)"):
+        run(config)
+
+
+def test_a_rank_that_fits_the_burst_decodes(tmp_path: Path) -> None:
+    """With room for its bursts the same request decodes: the rule stalls only a repeating pass."""
+    trace = tmp_path / "trace.jsonl"
+    row = {"timestamp": 0, "input_length": 19, "output_length": 4, "hash_ids": [1, 2, 3]}
+    trace.write_text(json.dumps(row) + "\n")
+    report = run(
+        RunConfig(
+            trace=trace,
+            trace_block_size=8,
+            router_mode="round_robin",
+            prefill_engine=parse_engine_args(
+                {"block_size": 2, "num_gpu_blocks": 64}, role=Role.PREFILL
+            ),
+            decode_engine=parse_engine_args({**DECODE, "num_gpu_blocks": 13}, role=Role.DECODE),
+            num_prefill_workers=1,
+            num_decode_workers=1,
+        )
+    )
+    (record,) = report.records
+    assert record.output_length == 4
+
+
+SEED_777 = [
+    (0.0, 38, 12, [1, 1, 0, 2, 2]),
+    (7.393, 35, 2, [0, 2, 1, 1, 2]),
+    (60.0, 15, 10, [1, 0]),
+    (60.0, 33, 16, [1, 1, 1, 0, 1]),
+    (80.0, 16, 5, [0, 0]),
+    (100.0, 34, 9, [1, 2, 1, 1, 1]),
+    (109.065, 19, 2, [2, 2, 1]),
+]
+
+
+@pytest.mark.parametrize("exact_passes", [False, True], ids=["fast_forward", "exact"])
+def test_a_two_pass_cycle_stalls_too(tmp_path: Path, exact_passes: bool) -> None:
+    """One pass admits a request and the next, at the same instant, preempts it."""
+    trace = tmp_path / "trace.jsonl"
+    rows = [
+        {"timestamp": at, "input_length": isl, "output_length": osl, "hash_ids": ids}
+        for at, isl, osl, ids in SEED_777
+    ]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    link = {
+        "kv_transfer_bandwidth": 1.0,
+        "kv_transfer_bytes_per_token": 1_000_000,
+        "kv_transfer_link_model": "independent",
+    }
+    prefill = {
+        "block_size": 4,
+        "num_gpu_blocks": 33,
+        "max_num_seqs": 2,
+        "max_num_batched_tokens": 8,
+        "preemption_mode": "lifo",
+        "aic_nextn": 1,
+        "aic_nextn_accept_rates": "0.3",
+        **link,
+    }
+    decode = {
+        "block_size": 4,
+        "num_gpu_blocks": 15,
+        "max_num_batched_tokens": 16,
+        "max_model_len": 57,
+        "enable_prefix_caching": False,
+        "aic_nextn": 1,
+        "aic_nextn_accept_rates": "1.0",
+        **link,
+    }
+    config = RunConfig(
+        trace=trace,
+        trace_block_size=8,
+        router_mode="round_robin",
+        replay_concurrency=6,
+        prefill_engine=parse_engine_args(prefill, role=Role.PREFILL),
+        decode_engine=parse_engine_args(decode, role=Role.DECODE),
+        num_prefill_workers=2,
+        num_decode_workers=1,
+        exact_passes=exact_passes,
+    )
+    with pytest.raises(SimulationError, match=r"dead end at 871\.474 ms with 3 request\(s\)"):
+        run(config)
