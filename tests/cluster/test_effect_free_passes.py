@@ -7,9 +7,9 @@ Its prompt's KV lands in all 10 blocks; admitted, it needs an 11th for its large
 burst, so it preempts itself; re-admitted, its prefix is cached (and a decode rank
 prices no prompt recompute), so the pass took no time and the rank admits and
 preempts it again, at the same instant, for ever. The 1.6.1 reference never returns
-from this run (seeds 538, 777 and 927 of the differential's ``disaggregated`` family,
-with more requests, stop it with "effect-free zero-duration pass"); servesim recursed
-until Python's stack ran out.
+from this run (with more requests, seeds 538, 777, 927 and 1373 of the differential's
+``disaggregated`` family, it stops with "effect-free zero-duration pass"); servesim
+recursed until Python's stack ran out.
 
 The cycle may also take two passes: one admits a request, the next preempts it
 (``disaggregated`` seed 777, shrunk to 7 requests).
@@ -19,13 +19,54 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from servesim.config import Role, parse_engine_args
 from servesim.errors import SimulationError
-from servesim.simulation import RunConfig, run
+from servesim.simulation import Report, RunConfig, run
 
+modes = pytest.mark.parametrize("exact_passes", [False, True], ids=["fast_forward", "exact"])
+
+
+def replay(
+    tmp_path: Path,
+    rows: list[tuple[float, int, int, list[int]]],
+    prefill: dict[str, Any],
+    decode: dict[str, Any],
+    *,
+    prefill_workers: int = 1,
+    **run_args: Any,
+) -> Report:
+    """``rows`` (arrival, prompt and output tokens, hash ids) on ``prefill_workers``
+    prefill workers and one decode worker."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps(
+                {"timestamp": at, "input_length": isl, "output_length": osl, "hash_ids": ids}
+            )
+            + "\n"
+            for at, isl, osl, ids in rows
+        )
+    )
+    return run(
+        RunConfig(
+            trace=trace,
+            trace_block_size=8,
+            router_mode="round_robin",
+            prefill_engine=parse_engine_args(prefill, role=Role.PREFILL),
+            decode_engine=parse_engine_args(decode, role=Role.DECODE),
+            num_prefill_workers=prefill_workers,
+            num_decode_workers=1,
+            **run_args,
+        )
+    )
+
+
+ONE_REQUEST = [(0.0, 19, 4, [1, 2, 3])]
+PREFILL = {"block_size": 2, "num_gpu_blocks": 64}
 DECODE = {
     "block_size": 2,
     "num_gpu_blocks": 10,
@@ -35,47 +76,17 @@ DECODE = {
 }
 
 
-@pytest.mark.parametrize("exact_passes", [False, True], ids=["fast_forward", "exact"])
+@modes
 def test_a_rank_that_preempts_what_it_admits_stalls_into_a_dead_end(
     tmp_path: Path, exact_passes: bool
 ) -> None:
-    trace = tmp_path / "trace.jsonl"
-    row = {"timestamp": 0, "input_length": 19, "output_length": 4, "hash_ids": [1, 2, 3]}
-    trace.write_text(json.dumps(row) + "\n")
-    config = RunConfig(
-        trace=trace,
-        trace_block_size=8,
-        router_mode="round_robin",
-        prefill_engine=parse_engine_args(
-            {"block_size": 2, "num_gpu_blocks": 64}, role=Role.PREFILL
-        ),
-        decode_engine=parse_engine_args(DECODE, role=Role.DECODE),
-        num_prefill_workers=1,
-        num_decode_workers=1,
-        exact_passes=exact_passes,
-    )
     with pytest.raises(SimulationError, match=r"dead end at 16\.790 ms with 1 request\(s\)"):
-        run(config)
+        replay(tmp_path, ONE_REQUEST, PREFILL, DECODE, exact_passes=exact_passes)
 
 
 def test_a_rank_that_fits_the_burst_decodes(tmp_path: Path) -> None:
     """With room for its bursts the same request decodes: the rule stalls only a repeating pass."""
-    trace = tmp_path / "trace.jsonl"
-    row = {"timestamp": 0, "input_length": 19, "output_length": 4, "hash_ids": [1, 2, 3]}
-    trace.write_text(json.dumps(row) + "\n")
-    report = run(
-        RunConfig(
-            trace=trace,
-            trace_block_size=8,
-            router_mode="round_robin",
-            prefill_engine=parse_engine_args(
-                {"block_size": 2, "num_gpu_blocks": 64}, role=Role.PREFILL
-            ),
-            decode_engine=parse_engine_args({**DECODE, "num_gpu_blocks": 13}, role=Role.DECODE),
-            num_prefill_workers=1,
-            num_decode_workers=1,
-        )
-    )
+    report = replay(tmp_path, ONE_REQUEST, PREFILL, {**DECODE, "num_gpu_blocks": 13})
     (record,) = report.records
     assert record.output_length == 4
 
@@ -89,22 +100,16 @@ SEED_777 = [
     (100.0, 34, 9, [1, 2, 1, 1, 1]),
     (109.065, 19, 2, [2, 2, 1]),
 ]
+LINK = {
+    "kv_transfer_bandwidth": 1.0,
+    "kv_transfer_bytes_per_token": 1_000_000,
+    "kv_transfer_link_model": "independent",
+}
 
 
-@pytest.mark.parametrize("exact_passes", [False, True], ids=["fast_forward", "exact"])
+@modes
 def test_a_two_pass_cycle_stalls_too(tmp_path: Path, exact_passes: bool) -> None:
     """One pass admits a request and the next, at the same instant, preempts it."""
-    trace = tmp_path / "trace.jsonl"
-    rows = [
-        {"timestamp": at, "input_length": isl, "output_length": osl, "hash_ids": ids}
-        for at, isl, osl, ids in SEED_777
-    ]
-    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    link = {
-        "kv_transfer_bandwidth": 1.0,
-        "kv_transfer_bytes_per_token": 1_000_000,
-        "kv_transfer_link_model": "independent",
-    }
     prefill = {
         "block_size": 4,
         "num_gpu_blocks": 33,
@@ -113,7 +118,7 @@ def test_a_two_pass_cycle_stalls_too(tmp_path: Path, exact_passes: bool) -> None
         "preemption_mode": "lifo",
         "aic_nextn": 1,
         "aic_nextn_accept_rates": "0.3",
-        **link,
+        **LINK,
     }
     decode = {
         "block_size": 4,
@@ -123,18 +128,15 @@ def test_a_two_pass_cycle_stalls_too(tmp_path: Path, exact_passes: bool) -> None
         "enable_prefix_caching": False,
         "aic_nextn": 1,
         "aic_nextn_accept_rates": "1.0",
-        **link,
+        **LINK,
     }
-    config = RunConfig(
-        trace=trace,
-        trace_block_size=8,
-        router_mode="round_robin",
-        replay_concurrency=6,
-        prefill_engine=parse_engine_args(prefill, role=Role.PREFILL),
-        decode_engine=parse_engine_args(decode, role=Role.DECODE),
-        num_prefill_workers=2,
-        num_decode_workers=1,
-        exact_passes=exact_passes,
-    )
     with pytest.raises(SimulationError, match=r"dead end at 871\.474 ms with 3 request\(s\)"):
-        run(config)
+        replay(
+            tmp_path,
+            SEED_777,
+            prefill,
+            decode,
+            prefill_workers=2,
+            replay_concurrency=6,
+            exact_passes=exact_passes,
+        )
