@@ -231,8 +231,9 @@ class TransferTiming:
         )
         total_bytes = tokens * (self.kv_bytes_per_token or 0.0) + self.kv_bytes_per_request
         # Seconds, then ms, rounded as the reference rounds them: 4,194,304 B at 1 GB/s
-        # take 4.194304000000001 ms (bytes / (GB/s x 1e6) would give 4.194304), and a
-        # transfer's end can tie with another's, or miss it by one float step, only so.
+        # take 4.194304000000001 ms (bytes / (GB/s x 1e6) gives 4.194304), and two
+        # transfers' ends that miss each other by one float step in the reference
+        # would otherwise tie (differential seed 634, disagg_transfer_rounding_tie).
         return total_bytes / (bandwidth * 1e9) * 1000.0
 
 

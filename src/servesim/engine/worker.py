@@ -384,6 +384,8 @@ class Worker:
             self.stalled = True
             return None
         if end == now and self._repeats_effect_free(now, results):
+            # (The ranks ran the pass, which left their queues as an earlier one did; it
+            # is not recorded, and only their preemption counts keep a trace of it.)
             self.stalled = True
             return None
         # An empty pass still ends: a decode rank whose untried reservation head
