@@ -15,11 +15,9 @@ import gc
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Importing allocates much and frees little: the cyclic collector, paused meanwhile, would
-# only walk it (about 5 ms of every start-up).
-_collecting = gc.isenabled()
-gc.disable()
-try:
+if TYPE_CHECKING:
+    from servesim.capacity import Candidate, NoFeasibleConfiguration, SearchResult, search
+    from servesim.cluster.planner import PlannerConfig, parse_planner_config, planner_config
     from servesim.config import (
         Backend,
         DiskOffloadConfig,
@@ -36,29 +34,42 @@ try:
     from servesim.metrics.collector import RequestRecord, Terminal
     from servesim.metrics.summary import Sla
     from servesim.simulation import Report, RunConfig, SyntheticWorkload, run
-finally:
-    if _collecting:
-        gc.enable()
-    del _collecting
-
-if TYPE_CHECKING:
-    from servesim.capacity import Candidate, NoFeasibleConfiguration, SearchResult, search
-    from servesim.cluster.planner import PlannerConfig, parse_planner_config, planner_config
     from servesim.sweeps import SweepResult, Table, sweep
 
-# Sweeps, searches and the planner load on first use: a replay without them never needs
-# them, and each is a few percent of its start-up (their dataclasses, the settings layer).
+# Every name loads with the first use of it: ``import servesim`` costs nothing, so the
+# ``servesim`` command can set up its process before numpy loads (see __main__), and a
+# replay never loads what only sweeps, searches or the planner need.
 _ON_FIRST_USE = {
-    "Candidate": "servesim.capacity",
-    "NoFeasibleConfiguration": "servesim.capacity",
-    "SearchResult": "servesim.capacity",
-    "search": "servesim.capacity",
-    "PlannerConfig": "servesim.cluster.planner",
-    "parse_planner_config": "servesim.cluster.planner",
-    "planner_config": "servesim.cluster.planner",
-    "SweepResult": "servesim.sweeps",
-    "Table": "servesim.sweeps",
-    "sweep": "servesim.sweeps",
+    **dict.fromkeys(
+        [
+            "Backend",
+            "DiskOffloadConfig",
+            "EngineConfig",
+            "HostOffloadConfig",
+            "Role",
+            "RouterConfig",
+            "SglangConfig",
+            "TimingModelConfig",
+            "parse_engine_args",
+            "parse_router_config",
+        ],
+        "servesim.config",
+    ),
+    **dict.fromkeys(
+        ["ConfigError", "ReportError", "ServesimError", "SimulationError", "TraceError"],
+        "servesim.errors",
+    ),
+    "RequestRecord": "servesim.metrics.collector",
+    "Terminal": "servesim.metrics.collector",
+    "Sla": "servesim.metrics.summary",
+    **dict.fromkeys(["Report", "RunConfig", "SyntheticWorkload", "run"], "servesim.simulation"),
+    **dict.fromkeys(
+        ["Candidate", "NoFeasibleConfiguration", "SearchResult", "search"], "servesim.capacity"
+    ),
+    **dict.fromkeys(
+        ["PlannerConfig", "parse_planner_config", "planner_config"], "servesim.cluster.planner"
+    ),
+    **dict.fromkeys(["SweepResult", "Table", "sweep"], "servesim.sweeps"),
 }
 
 
@@ -66,13 +77,26 @@ def __getattr__(name: str) -> Any:
     module = _ON_FIRST_USE.get(name)
     if module is None:
         raise AttributeError(f"module 'servesim' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(load(module), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_ON_FIRST_USE))
+
+
+def load(module: str) -> Any:
+    """Import one of servesim's modules with the cyclic collector paused: importing
+    allocates much and frees little, which the collector would only walk (about 5 ms
+    of every start-up)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return importlib.import_module(module)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 # The one place the version is written: pyproject.toml reads it from here (reading

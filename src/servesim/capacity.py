@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servesim import __version__
 from servesim.errors import ConfigError, ServesimError
 from servesim.settings import load_document, with_setting
 from servesim.sweeps import (
@@ -476,8 +477,6 @@ def search(
 def _search(
     spec: SearchSpec, runner: Runner, progress: Callable[[Candidate], None] | None
 ) -> SearchResult:
-    from servesim import __version__
-
     tried: dict[tuple[int, int], Candidate] = {}
 
     def feasible(asks: list[tuple[int, int]]) -> list[bool]:

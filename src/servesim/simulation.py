@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from servesim import __version__
 from servesim.cluster.flows import AggregatedFlow, KvObserver
 from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, ScalingPolicy, Stage
 from servesim.config import Backend, EngineConfig, RouterConfig
@@ -574,7 +575,7 @@ def _replay_with(
     sections: dict[str, Any] = {"telemetry": telemetry.section()} if telemetry is not None else {}
     if planner is not None:
         sections["planner"] = planner.section(runtime.transitions())
-    sections["provenance"] = provenance(config, version=_version(), inputs=input_files(config))
+    sections["provenance"] = provenance(config, version=__version__, inputs=input_files(config))
     if scaling is not None:
         sections["lifecycle_transitions"] = [
             {
@@ -661,7 +662,7 @@ def describe_run(
         router["kv_event_lag_ms"] = config.kv_event_lag_ms
         router["config"] = asdict(config.router)
     return {
-        "servesim_version": _version(),
+        "servesim_version": __version__,
         "disaggregated": config.disaggregated,
         "pools": pools,
         "router": router,
@@ -671,12 +672,6 @@ def describe_run(
         "max_sim_time_ms": config.max_sim_time_ms,
         "time_limited": time_limited,
     }
-
-
-def _version() -> str:
-    from servesim import __version__  # the package imports this module first
-
-    return __version__
 
 
 def pool_shapes(config: RunConfig, workers: Sequence[int] | None = None) -> list[PoolShape]:

@@ -34,6 +34,7 @@ from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from servesim import __version__
 from servesim.errors import ConfigError, ServesimError
 from servesim.metrics.report import atomic_write
 from servesim.provenance import config_key, file_digest, resolved_settings
@@ -624,8 +625,6 @@ def _run(
     retry_failed: bool,
     progress: Callable[[SweepProgress], None] | None,
 ) -> SweepResult:
-    from servesim import __version__
-
     items = resolve(spec.points(), version=__version__)
     log = spec.output / "results.jsonl"
     records = _read_log(log)
