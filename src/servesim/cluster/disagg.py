@@ -34,6 +34,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
+from operator import itemgetter
 
 from servesim.cluster.flows import KvObserver, route_request
 from servesim.cluster.handoff import (
@@ -138,7 +139,8 @@ class DisaggregatedFlow:
         self._order = _HANDOFF_ORDER[prefill_config.backend]
         self._handoffs: dict[int, _Handoff] = {}
         self._pending: deque[tuple[int, Action]] = deque()
-        self._deferred: dict[tuple[Stage, int], list[tuple[int, Action]]] = {}
+        # Commands that found their worker's pass in flight, by worker: (rank, uid, action).
+        self._deferred: dict[tuple[Stage, int], list[tuple[int, int, Action]]] = {}
         # The latest instant whose idle workers have had their chance to start a pass.
         self._driven_at = -math.inf
         self._fixed: list[tuple[float, int]] = []  # (transfer end, uid): fixed-delay transfers
@@ -202,7 +204,11 @@ class DisaggregatedFlow:
 
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
-        self._pending.extend(self._deferred.pop((pool.stage, worker.worker_id), ()))
+        # The reference queues a busy worker's commands per DP rank and applies them rank
+        # by rank, each rank's in the order they came, at the pass end.
+        deferred = self._deferred.pop((pool.stage, worker.worker_id), [])
+        deferred.sort(key=itemgetter(0))
+        self._pending.extend((uid, action) for _, uid, action in deferred)
         if pool is self._prefill:
             self._observe(worker, now)
             self._catch_up(now)
@@ -455,18 +461,22 @@ class DisaggregatedFlow:
         return False
 
     def _deferred_past_pass(
-        self, pool: Pool, worker: int, uid: int, action: Action, now: float
+        self, pool: Pool, at: tuple[int, int], uid: int, action: Action, now: float
     ) -> bool:
-        """Defer ``action`` to the end of the worker's pass in flight, if there is one."""
+        """Defer ``action`` on (worker, rank) ``at`` to the end of the worker's pass in flight,
+        if there is one."""
+        worker, rank = at
         if not self._busy(pool, worker, now):
             return False
-        self._deferred.setdefault((pool.stage, worker), []).append((uid, action))
+        self._deferred.setdefault((pool.stage, worker), []).append((rank, uid, action))
         return True
 
     def _activate(self, handoff: _Handoff, action: ActivateDestination, now: float) -> None:
         assert handoff.decode_at is not None and handoff.decode_request is not None
         worker = handoff.decode_at[0]
-        if self._deferred_past_pass(self._decode, worker, handoff.record.uid, action, now):
+        if self._deferred_past_pass(
+            self._decode, handoff.decode_at, handoff.record.uid, action, now
+        ):
             return
         destination = self._destination(handoff)
         destination.activate(handoff.decode_request)
@@ -481,7 +491,9 @@ class DisaggregatedFlow:
     ) -> None:
         assert handoff.prefill_at is not None
         worker = handoff.prefill_at[0]
-        if self._deferred_past_pass(self._prefill, worker, handoff.record.uid, action, now):
+        if self._deferred_past_pass(
+            self._prefill, handoff.prefill_at, handoff.record.uid, action, now
+        ):
             return
         released = self._source(handoff).release(handoff.record.uid)
         self._prefill.commanded(worker)
@@ -497,7 +509,9 @@ class DisaggregatedFlow:
             self._outcome(handoff.record.uid, action, _NOOP)
             return
         worker = handoff.decode_at[0]
-        if self._deferred_past_pass(self._decode, worker, handoff.record.uid, action, now):
+        if self._deferred_past_pass(
+            self._decode, handoff.decode_at, handoff.record.uid, action, now
+        ):
             return
         destination = self._destination(handoff)
         cancelled = destination.cancel(handoff.decode_request)
