@@ -51,8 +51,8 @@ def _threads_once_numpy_loaded(env: dict[str, str], out: Path) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
 def test_the_command_runs_on_one_thread(tmp_path: Path) -> None:
-    """OpenBLAS would start a thread a core as numpy loads (20 ms of every run, and twice
-    that in CPU time); the command asks it for none, unless the user set its count."""
+    """OpenBLAS would start a thread a core as numpy loads (on 2 cores, 20 ms of a run
+    and 120 ms of CPU time); the command asks it for none, unless the user set its count."""
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     assert _threads_once_numpy_loaded(env, tmp_path / "a.json") == 1
     if (os.cpu_count() or 1) > 1:

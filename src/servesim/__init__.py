@@ -77,7 +77,7 @@ def __getattr__(name: str) -> Any:
     module = _ON_FIRST_USE.get(name)
     if module is None:
         raise AttributeError(f"module 'servesim' has no attribute {name!r}")
-    value = getattr(load(module), name)
+    value = getattr(_load(module), name)
     globals()[name] = value
     return value
 
@@ -86,7 +86,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_ON_FIRST_USE))
 
 
-def load(module: str) -> Any:
+def _load(module: str) -> Any:
     """Import one of servesim's modules with the cyclic collector paused: importing
     allocates much and frees little, which the collector would only walk (about 5 ms
     of every start-up)."""

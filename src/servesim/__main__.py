@@ -9,9 +9,9 @@ from typing import NoReturn
 def main() -> NoReturn:
     """Set up the process for a replay, then run the CLI (:func:`servesim.cli.console_main`)."""
     single_threaded_blas()
-    from servesim import load
+    from servesim import _load
 
-    load("servesim.cli")  # (with the cyclic collector paused)
+    _load("servesim.cli")  # (with the cyclic collector paused)
     from servesim.cli import console_main
 
     console_main()
@@ -21,7 +21,8 @@ def single_threaded_blas() -> None:
     """Keep numpy's BLAS to the calling thread, unless the user chose otherwise.
 
     servesim does no linear algebra, yet OpenBLAS starts its thread pool when numpy
-    loads: 20 ms of every run's wall time and twice that in CPU time. A library must
+    loads: on a 2-core machine, about 20 ms of a run's wall time and 120 ms of CPU
+    time. A library must
     not change its host process's BLAS, so only the command does this, before numpy
     loads (``import servesim`` loads nothing; see its ``__getattr__``).
     """
