@@ -17,9 +17,12 @@ import pytest
 
 from servesim import RunConfig, parse_engine_args, run
 from servesim.config import HostOffloadConfig
+from servesim.engine.host_offload import HostOffload
 from servesim.engine.kv.host_tier import HostTier, Residency
+from servesim.engine.request import EngineRequest
 from servesim.errors import ConfigError
 from servesim.metrics.collector import RequestRecord
+from servesim.workload.request import BlockContentCache, RunPrompt
 
 A, C = [1, 2, 3, 4], [5, 6, 7, 8]
 
@@ -207,3 +210,63 @@ def test_offload_settings_the_reference_rejects_are_rejected(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_engine_args(engine)
+
+
+def _offload_with_a_store_in_flight() -> HostOffload:
+    """A rank's host side (4-token blocks of 1 MB, 1 GB/s each way) where request 1 stored
+    its one prompt block, GPU block 0, at 0 ms: the copy reads that block until 1 ms."""
+    offload = HostOffload(
+        HostOffloadConfig(num_host_blocks=8, d2h_bandwidth_gbps=1.0, h2d_bandwidth_gbps=1.0),
+        block_size=4,
+        bytes_per_token=250_000,
+    )
+    first = _tracked(1, ((1, 4),), offload)
+    first.blocks, first.num_computed = [0], 4
+    offload.observe_computed(first, 0.0)
+    offload.boundary(0.0)
+    assert offload.tier.deadline(0) == 1.0
+    return offload
+
+
+def _tracked(uid: int, runs: tuple[tuple[int, int], ...], offload: HostOffload) -> EngineRequest:
+    request = EngineRequest(uid, RunPrompt(runs, BlockContentCache()), 4)
+    offload.track(request, _keys(request))
+    return request
+
+
+def _keys(request: EngineRequest) -> list[int]:
+    return request.prompt.sequence_hashes(4, request.prompt_len // 4)
+
+
+def test_a_prompt_given_a_block_still_being_copied_stores_nothing_until_the_copy_ends() -> None:
+    """Request 1 finished; request 2's 8-token prompt reuses GPU block 5 and gets block 0,
+    which request 1's store still reads. Its pass computes from 1 ms, and it offers nothing
+    to host, not even its complete first block, until that store completes; then both its
+    blocks go as one store (the fuzzer's `offload` 1469, `agg_offload_store_awaits_write`)."""
+    offload = _offload_with_a_store_in_flight()
+    second = _tracked(2, ((2, 4), (3, 4)), offload)
+    first_key, second_key = _keys(second)
+    second.blocks = [5, 0]
+    offload.fence_allocation(second, [0])
+    assert offload.fence == 1.0
+    second.num_computed = 7  # its first block complete, its second not yet
+    offload.observe_computed(second, 0.5)
+    assert offload.tier.lookup(first_key) is Residency.MISS
+    offload.boundary(1.0)  # request 1's store completes
+    second.num_computed = 8
+    offload.observe_computed(second, 1.0)
+    assert [offload.tier.lookup(k) for k in (first_key, second_key)] == [Residency.PENDING] * 2
+    offload.boundary(1.0)
+    assert offload.tier.deadline(1) == 3.0  # one 2 MB copy
+
+
+def test_a_new_block_for_output_tokens_holds_no_store_back() -> None:
+    """A decoding request whose new block is still read by another store computes after
+    it, but offers its prompt to host at once (the fuzzer's `offload` 443)."""
+    offload = _offload_with_a_store_in_flight()
+    second = _tracked(2, ((2, 4),), offload)
+    second.blocks, second.num_computed = [5, 0], 5
+    offload.fence_allocation(second, [0])  # the block of its output tokens
+    assert offload.fence == 1.0
+    offload.observe_computed(second, 0.5)
+    assert [offload.tier.lookup(k) for k in _keys(second)] == [Residency.PENDING]

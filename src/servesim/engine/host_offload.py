@@ -18,7 +18,8 @@ adapter at three points of a pass, as the reference's vLLM core asks its
   prompt blocks that are not on host are prepared as one copy, submitted at
   the pass end. Until it completes, the GPU blocks it reads carry its id: a
   pass that reuses such a block for new tokens starts its compute only when
-  the copy is done, and a load into it starts only then.
+  the copy is done, and a load into it starts only then. A request whose
+  prompt got such a block offers no store of its own until then.
 
 Transfers complete at pass boundaries, or at their own deadline while the
 rank is idle (the worker's engine-owned deadlines).
@@ -88,6 +89,9 @@ class _RequestState:
     latest_store: int | None = None
     load: _Load | None = None
     bypass_disk: bool = False  # gave up restoring from disk until admitted or preempted
+    # A store its prompt's new GPU blocks wait for (they reuse blocks it still reads): the
+    # request offers nothing to host until that store completes.
+    awaited_store: int | None = None
 
 
 class HostOffload:
@@ -341,6 +345,10 @@ class HostOffload:
         sources = [request.blocks[i] for i in missing]
         if self.copying_any(sources):
             return
+        if state.awaited_store is not None:
+            if self.tier.in_flight(state.awaited_store):
+                return
+            state.awaited_store = None
         transfer = tier.prepare_store(keys[start:end], request.uid, self._client, now)
         if transfer is None:
             return
@@ -358,6 +366,21 @@ class HostOffload:
         """Whether a store to host is still reading one of these GPU blocks."""
         return not self._copying.keys().isdisjoint(blocks)
 
+    def fence_allocation(self, request: EngineRequest, blocks: list[int]) -> None:
+        """The request's new ``blocks``: compute waits for the stores still reading them
+        (:meth:`fence_blocks`). New blocks of its prompt that wait so hold back the
+        request's own store to host, all of it (its reused GPU prefix too), until those
+        stores complete, as the reference's do (its allocation awaits its write); new
+        blocks for output tokens hold back nothing."""
+        if not self.copying_any(blocks):
+            return
+        self.fence_blocks(blocks)
+        if request.num_computed < request.prompt_len:
+            copying = self._copying
+            # (A rank's stores share one FIFO lane: the latest one submitted ends last.)
+            latest = max(copying[block] for block in blocks if block in copying)
+            self._states[request.uid].awaited_store = latest
+
     def fence_blocks(self, blocks: list[int]) -> None:
         """New tokens go into ``blocks``: compute waits for the stores still reading them."""
         if not self.copying_any(blocks):  # (mostly: a block being stored is rarely reused)
@@ -373,6 +396,7 @@ class HostOffload:
         request may restore from disk again."""
         state = self._states[request.uid]
         state.bypass_disk = False
+        state.awaited_store = None  # (its blocks are freed: nothing awaits their write)
         self._restore_rounds.pop(request.uid, None)
         tid = state.latest_store
         if tid is not None and self.tier.in_flight(tid):

@@ -1371,7 +1371,7 @@ class VllmScheduler:
             held = len(request.blocks) + len(prefix)
             if pool.allocate(request.blocks, prefix, num_new):
                 if self._offload is not None:
-                    self._offload.fence_blocks(request.blocks[held:])
+                    self._offload.fence_allocation(request, request.blocks[held:])
                 return _SCHEDULED
             victim = self._pick_victim()
             if victim is None:
