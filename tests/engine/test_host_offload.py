@@ -4,7 +4,9 @@ Every scenario: one worker, 16-token blocks, a fixed 10 ms prefill and 1 ms
 decode, and 62,500 KV bytes per token, so one block is 1 MB and takes 1 ms
 per GB/s of bandwidth. Requests A = ids 1-4 and C = 5-8 (64 tokens, 2 output
 tokens each); B repeats A's prompt. Each expectation was measured on the
-reference (Dynamo 1.6.1).
+reference (Dynamo 1.6.1). The last two tests drive one rank's host side
+directly, with 4-token blocks of 1 MB; the reference's behaviour they pin is
+measured by the stored scenario ``agg_offload_store_awaits_write``.
 """
 
 from __future__ import annotations
