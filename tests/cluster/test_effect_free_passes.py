@@ -17,7 +17,6 @@ The cycle may also take two passes: one admits a request, the next preempts it
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import pytest
 from servesim.config import Role, parse_engine_args
 from servesim.errors import SimulationError
 from servesim.simulation import Report, RunConfig, run
+from tests.support import write_trace
 
 modes = pytest.mark.parametrize("exact_passes", [False, True], ids=["fast_forward", "exact"])
 
@@ -41,19 +41,9 @@ def replay(
 ) -> Report:
     """``rows`` (arrival, prompt and output tokens, hash ids) on ``prefill_workers``
     prefill workers and one decode worker."""
-    trace = tmp_path / "trace.jsonl"
-    trace.write_text(
-        "".join(
-            json.dumps(
-                {"timestamp": at, "input_length": isl, "output_length": osl, "hash_ids": ids}
-            )
-            + "\n"
-            for at, isl, osl, ids in rows
-        )
-    )
     return run(
         RunConfig(
-            trace=trace,
+            trace=write_trace(tmp_path / "trace.jsonl", rows),
             trace_block_size=8,
             router_mode="round_robin",
             prefill_engine=parse_engine_args(prefill, role=Role.PREFILL),

@@ -372,24 +372,26 @@ class HostOffload:
         request's own store to host, all of it (its reused GPU prefix too), until those
         stores complete, as the reference's do (its allocation awaits its write); new
         blocks for output tokens hold back nothing."""
-        if not self.copying_any(blocks):
-            return
-        self.fence_blocks(blocks)
-        if request.num_computed < request.prompt_len:
-            copying = self._copying
-            # (A rank's stores share one FIFO lane: the latest one submitted ends last.)
-            latest = max(copying[block] for block in blocks if block in copying)
+        latest = self.fence_blocks(blocks)
+        if latest is not None and request.num_computed < request.prompt_len:
             self._states[request.uid].awaited_store = latest
 
-    def fence_blocks(self, blocks: list[int]) -> None:
-        """New tokens go into ``blocks``: compute waits for the stores still reading them."""
+    def fence_blocks(self, blocks: list[int]) -> int | None:
+        """New tokens go into ``blocks``: compute waits for the stores still reading them.
+
+        Returns the latest of those stores (a rank's stores share one FIFO lane, so it
+        ends last), or None when no store reads them.
+        """
         if not self.copying_any(blocks):  # (mostly: a block being stored is rarely reused)
-            return
+            return None
         copying = self._copying
+        latest = -1
         for block in blocks:
             tid = copying.get(block)
             if tid is not None:
                 self.fence = max(self.fence, self.tier.deadline(tid))
+                latest = max(latest, tid)
+        return latest
 
     def on_preempted(self, request: EngineRequest) -> None:
         """vLLM flushes a preempted request's store before its blocks are freed; the
