@@ -4,9 +4,10 @@ Every scenario: one worker, 16-token blocks, a fixed 10 ms prefill and 1 ms
 decode, and 62,500 KV bytes per token, so one block is 1 MB and takes 1 ms
 per GB/s of bandwidth. Requests A = ids 1-4 and C = 5-8 (64 tokens, 2 output
 tokens each); B repeats A's prompt. Each expectation was measured on the
-reference (Dynamo 1.6.1). The last two tests drive one rank's host side
+reference (Dynamo 1.6.1). The last four tests drive one rank's host side
 directly, with 4-token blocks of 1 MB; the reference's behaviour they pin is
-measured by the stored scenario ``agg_offload_store_awaits_write``.
+measured by the stored scenarios ``agg_offload_store_awaits_write`` and
+``agg_offload_partial_block_awaits_write``.
 """
 
 from __future__ import annotations
@@ -241,15 +242,16 @@ def _keys(request: EngineRequest) -> list[int]:
 
 
 def test_a_prompt_given_a_block_still_being_copied_stores_nothing_until_the_copy_ends() -> None:
-    """Request 1 finished; request 2's 8-token prompt reuses GPU block 5 and gets block 0,
-    which request 1's store still reads. Its pass computes from 1 ms, and it offers nothing
-    to host, not even its complete first block, until that store completes; then both its
-    blocks go as one store (the fuzzer's `offload` 1469, `agg_offload_store_awaits_write`)."""
+    """Request 1 finished; request 2's 8-token prompt gets GPU blocks 5 and 0, and request
+    1's store still reads block 0. Its pass computes from 1 ms, and until that store
+    completes the whole allocation awaits its write: it offers nothing to host, not even
+    its complete first block in block 5; then both its blocks go as one store (the fuzzer's
+    `offload` 563)."""
     offload = _offload_with_a_store_in_flight()
     second = _tracked(2, ((2, 4), (3, 4)), offload)
     first_key, second_key = _keys(second)
     second.blocks = [5, 0]
-    offload.fence_allocation(second, [0])
+    offload.fence_allocation([5, 0])
     assert offload.fence == 1.0
     second.num_computed = 7  # its first block complete, its second not yet
     offload.observe_computed(second, 0.5)
@@ -262,13 +264,49 @@ def test_a_prompt_given_a_block_still_being_copied_stores_nothing_until_the_copy
     assert offload.tier.deadline(1) == 3.0  # one 2 MB copy
 
 
+def test_a_prefix_found_in_an_allocation_awaiting_its_write_is_not_stored_either() -> None:
+    """Request 2's allocation (blocks 5 and 0) awaits request 1's store; request 3, admitted
+    in the same pass with the same first block, finds block 5 as its cached prefix. Its
+    own new block is free of any store, yet it does not store that prefix until the copy
+    ends (the fuzzer's `offload` 1469, `agg_offload_store_awaits_write`)."""
+    offload = _offload_with_a_store_in_flight()
+    second = _tracked(2, ((2, 4), (3, 4)), offload)
+    second.blocks = [5, 0]
+    offload.fence_allocation([5, 0])
+    third = _tracked(3, ((2, 4), (4, 4)), offload)
+    third.blocks = [5, 6]
+    offload.fence_allocation([6])
+    third.num_computed = 7
+    offload.observe_computed(third, 0.5)
+    assert [offload.tier.lookup(k) for k in _keys(third)] == [Residency.MISS] * 2
+    offload.boundary(1.0)
+    offload.observe_computed(third, 1.0)
+    assert [offload.tier.lookup(k) for k in _keys(third)] == [Residency.PENDING, Residency.MISS]
+
+
+def test_a_cached_prefix_is_stored_while_the_requests_new_block_awaits_its_write() -> None:
+    """A 6-token prompt finds GPU block 5 as its cached prefix (an allocation that awaited
+    nothing) and gets block 0, which request 1's store still reads, for its last two
+    prompt tokens. Its pass computes from 1 ms, but its first block goes to host at once:
+    only the new block awaits its write (the fuzzer's `offload` 1469,
+    `agg_offload_partial_block_awaits_write`)."""
+    offload = _offload_with_a_store_in_flight()
+    second = _tracked(2, ((2, 4), (3, 2)), offload)
+    second.blocks = [5, 0]
+    offload.fence_allocation([0])
+    assert offload.fence == 1.0
+    second.num_computed = 6
+    offload.observe_computed(second, 0.5)
+    assert [offload.tier.lookup(k) for k in _keys(second)] == [Residency.PENDING]
+
+
 def test_a_new_block_for_output_tokens_holds_no_store_back() -> None:
     """A decoding request whose new block is still read by another store computes after
     it, but offers its prompt to host at once (the fuzzer's `offload` 443)."""
     offload = _offload_with_a_store_in_flight()
     second = _tracked(2, ((2, 4),), offload)
     second.blocks, second.num_computed = [5, 0], 5
-    offload.fence_allocation(second, [0])  # the block of its output tokens
+    offload.fence_allocation([0])  # the block of its output tokens
     assert offload.fence == 1.0
     offload.observe_computed(second, 0.5)
     assert [offload.tier.lookup(k) for k in _keys(second)] == [Residency.PENDING]

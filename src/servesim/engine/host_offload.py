@@ -18,8 +18,9 @@ adapter at three points of a pass, as the reference's vLLM core asks its
   prompt blocks that are not on host are prepared as one copy, submitted at
   the pass end. Until it completes, the GPU blocks it reads carry its id: a
   pass that reuses such a block for new tokens starts its compute only when
-  the copy is done, and a load into it starts only then. A request whose
-  prompt got such a block offers no store of its own until then.
+  the copy is done, and a load into it starts only then. Every block of
+  such an allocation awaits its write until then: no store reads it, the
+  request's own or another's that found it as a cached prefix.
 
 Transfers complete at pass boundaries, or at their own deadline while the
 rank is idle (the worker's engine-owned deadlines).
@@ -89,9 +90,6 @@ class _RequestState:
     latest_store: int | None = None
     load: _Load | None = None
     bypass_disk: bool = False  # gave up restoring from disk until admitted or preempted
-    # A store its prompt's new GPU blocks wait for (they reuse blocks it still reads): the
-    # request offers nothing to host until that store completes.
-    awaited_store: int | None = None
 
 
 class HostOffload:
@@ -126,6 +124,9 @@ class HostOffload:
         self._with_load: dict[int, _Load] = {}  # request uid -> its load (under way or done)
         # GPU blocks a store is still reading: block id -> the store's transfer id.
         self._copying: dict[int, int] = {}
+        # GPU blocks whose allocation awaits its write (some of its blocks were still being
+        # read by a store): block id -> the latest such store; stale once it completed.
+        self._awaiting: dict[int, int] = {}
         self._store_blocks: dict[int, list[int]] = {}
         self.fence = 0.0
         """No pass computes before this: it reuses GPU blocks whose copy ends then."""
@@ -343,12 +344,8 @@ class HostOffload:
             state.next_store = end
             return
         sources = [request.blocks[i] for i in missing]
-        if self.copying_any(sources):
+        if self.copying_any(sources) or (self._awaiting and self._awaits_write(sources)):
             return
-        if state.awaited_store is not None:
-            if self.tier.in_flight(state.awaited_store):
-                return
-            state.awaited_store = None
         transfer = tier.prepare_store(keys[start:end], request.uid, self._client, now)
         if transfer is None:
             return
@@ -366,22 +363,23 @@ class HostOffload:
         """Whether a store to host is still reading one of these GPU blocks."""
         return not self._copying.keys().isdisjoint(blocks)
 
-    def fence_allocation(self, request: EngineRequest, blocks: list[int]) -> None:
-        """The request's new ``blocks``: compute waits for the stores still reading them
-        (:meth:`fence_blocks`). New blocks of its prompt that wait so hold back the
-        request's own store to host, all of it (its reused GPU prefix too), until those
-        stores complete, as the reference's do (its allocation awaits its write); new
-        blocks for output tokens hold back nothing."""
-        latest = self.fence_blocks(blocks)
-        if latest is not None and request.num_computed < request.prompt_len:
-            self._states[request.uid].awaited_store = latest
+    def fence_allocation(self, blocks: list[int]) -> None:
+        """The new ``blocks`` of one allocation: compute waits for the stores still reading
+        any of them, and until the latest of those completes, every one of them awaits its
+        write: no store to host reads them, nor a store of another request that found them
+        as its cached prefix (see :meth:`observe_computed`), as the reference's allocation
+        awaits its write as a whole."""
+        awaiting = self._awaiting
+        latest = self._fence(blocks)
+        if latest is not None:
+            awaiting.update(dict.fromkeys(blocks, latest))
+        elif awaiting and not awaiting.keys().isdisjoint(blocks):
+            for block in blocks:  # used before, by an allocation that awaited a write
+                awaiting.pop(block, None)
 
-    def fence_blocks(self, blocks: list[int]) -> int | None:
-        """New tokens go into ``blocks``: compute waits for the stores still reading them.
-
-        Returns the latest of those stores (a rank's stores share one FIFO lane, so it
-        ends last), or None when no store reads them.
-        """
+    def _fence(self, blocks: list[int]) -> int | None:
+        """Compute waits for the stores still reading ``blocks``; the latest of them (a
+        rank's stores share one FIFO lane, so it ends last), or None when none reads them."""
         if not self.copying_any(blocks):  # (mostly: a block being stored is rarely reused)
             return None
         copying = self._copying
@@ -393,12 +391,22 @@ class HostOffload:
                 latest = max(latest, tid)
         return latest
 
+    def _awaits_write(self, blocks: list[int]) -> bool:
+        """Whether one of ``blocks`` awaits its write (see :meth:`fence_allocation`)."""
+        awaiting, tier = self._awaiting, self.tier
+        for block in blocks:
+            tid = awaiting.get(block)
+            if tid is not None:
+                if tier.in_flight(tid):
+                    return True
+                del awaiting[block]
+        return False
+
     def on_preempted(self, request: EngineRequest) -> None:
         """vLLM flushes a preempted request's store before its blocks are freed; the
         request may restore from disk again."""
         state = self._states[request.uid]
         state.bypass_disk = False
-        state.awaited_store = None  # (its blocks are freed: nothing awaits their write)
         self._restore_rounds.pop(request.uid, None)
         tid = state.latest_store
         if tid is not None and self.tier.in_flight(tid):

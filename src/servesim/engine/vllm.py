@@ -878,7 +878,7 @@ class VllmScheduler:
             ok = self.pool.allocate_one(request.blocks)
             assert ok, "the cohort outran the pool"
             if self._offload is not None:
-                self._offload.fence_blocks(request.blocks[-1:])
+                self._offload.fence_allocation(request.blocks[-1:])
         if self._caching and (computed + 1) % bs == 0:
             full = (computed + 1) // bs
             self._cache_blocks(request, full - 1, full)
@@ -1371,7 +1371,7 @@ class VllmScheduler:
             held = len(request.blocks) + len(prefix)
             if pool.allocate(request.blocks, prefix, num_new):
                 if self._offload is not None:
-                    self._offload.fence_allocation(request, request.blocks[held:])
+                    self._offload.fence_allocation(request.blocks[held:])
                 return _SCHEDULED
             victim = self._pick_victim()
             if victim is None:
