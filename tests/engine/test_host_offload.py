@@ -6,7 +6,8 @@ per GB/s of bandwidth. Requests A = ids 1-4 and C = 5-8 (64 tokens, 2 output
 tokens each); B repeats A's prompt. Each expectation was measured on the
 reference (Dynamo 1.6.1). The last four tests drive one rank's host side
 directly, with 4-token blocks of 1 MB; the reference's behaviour they pin is
-measured by the stored scenarios ``agg_offload_store_awaits_write`` and
+measured by the stored scenarios ``agg_offload_store_awaits_write``,
+``agg_offload_allocation_awaits_write`` and
 ``agg_offload_partial_block_awaits_write``.
 """
 
