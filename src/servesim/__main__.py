@@ -22,9 +22,9 @@ def single_threaded_blas() -> None:
 
     servesim does no linear algebra, yet OpenBLAS starts its thread pool when numpy
     loads: on a 2-core machine, about 20 ms of a run's wall time and 120 ms of CPU
-    time. A library must
-    not change its host process's BLAS, so only the command does this, before numpy
-    loads (``import servesim`` loads nothing; see its ``__getattr__``).
+    time. A library must not change its host process's BLAS, so only the command
+    does this, before numpy loads (``import servesim`` loads nothing; see its
+    ``__getattr__``).
     """
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 

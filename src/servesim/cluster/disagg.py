@@ -359,7 +359,8 @@ class DisaggregatedFlow:
             )
             request.hashes = handoff.route.hashes.copy()
             handoff.prefill_request = request
-            self._busy(self._prefill, routed.worker, now)  # (stepping may be past a pass end)
+            # Brought to now as a handoff command is: stepping may have started its next pass.
+            self._busy(self._prefill, routed.worker, now)
             self._prefill.submit(routed.worker, routed.rank, request, now)
             self._observe(self._prefill.workers[routed.worker], now)
             self._outcome(routed.uid, handoff.submit_action, _SUBMITTED)
