@@ -24,6 +24,8 @@ from servesim.config import HostOffloadConfig
 from servesim.engine.host_offload import HostOffload
 from servesim.engine.kv.host_tier import HostTier, Residency
 from servesim.engine.request import EngineRequest
+from servesim.engine.timing import PolynomialTiming
+from servesim.engine.vllm import VllmScheduler
 from servesim.errors import ConfigError
 from servesim.metrics.collector import RequestRecord
 from servesim.workload.request import BlockContentCache, RunPrompt
@@ -311,3 +313,38 @@ def test_a_new_block_for_output_tokens_holds_no_store_back() -> None:
     assert offload.fence == 1.0
     offload.observe_computed(second, 0.5)
     assert [offload.tier.lookup(k) for k in _keys(second)] == [Residency.PENDING]
+
+
+def test_a_waiter_admitted_from_behind_the_connectors_front_is_tried_at_its_old_entry() -> None:
+    """The reference keeps the connector's waiters in a queue it trims only at its front
+    (`agg_offload_connector_entry_left_behind`, `..._shared`): B, admitted while A waits
+    ahead of it, leaves its entry behind. Put off again after C (preempted, say), B is
+    tried at that entry, before C, once A has gone from the front."""
+    engine = parse_engine_args(
+        {
+            "block_size": 4,
+            "kv_cache_bytes_per_token": 250_000,
+            "native_host_offload": {"num_host_blocks": 8},
+        }
+    )
+    timing = PolynomialTiming(engine.total_kv_tokens, 1.0, 1.0)
+    rank = VllmScheduler(engine, timing)
+    a, b, c = (
+        EngineRequest(uid, RunPrompt(((uid, 4),), BlockContentCache()), 1) for uid in range(3)
+    )
+    for request in (a, b, c):
+        rank.submit(request)
+    rank._sleep(a)  # put off by the connector, in this order
+    rank._sleep(b)
+    rank._settle_transfers([], True)  # a transfer completed: every waiter wakes
+    assert rank._offload_next() is a
+    rank._dequeue(b)  # admitted from behind A: its entry stays
+    rank._sleep(c)
+    rank.waiting.appendleft(b)  # back in waiting (preempted), then put off again
+    rank._sleep(b)
+    rank._settle_transfers([], True)
+    assert rank._offload_next() is a
+    rank._dequeue(a)  # admitted from the front: its entry goes
+    assert rank._offload_next() is b  # at its old entry, ahead of C
+    rank._dequeue(b)
+    assert rank._offload_next() is c

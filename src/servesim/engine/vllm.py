@@ -134,9 +134,16 @@ class VllmScheduler:
             lazy = False  # a member decodes one token a pass: bursts step every pass
         # Host offload (see servesim.engine.host_offload): requests deferred or parked by
         # the connector wait in _connector, ahead of ``waiting``; _asleep holds those that
-        # wait for a transfer to complete.
+        # wait for a transfer to complete. They are tried in the order of the reference's
+        # FIFO of them, _connector_queue: a request joining it takes an entry at its tail,
+        # and one leaving it takes its entry along only from the front, so that a request
+        # that leaves from behind the front (admitted) leaves its entry there. Should it
+        # join again (preempted, then put off), that entry is its place, ahead of the one
+        # it takes at the tail. Entries of requests that left are dropped from the front
+        # when an awake request is next picked, as the reference drops them.
         self._offload: HostOffload | None = None
         self._connector: list[EngineRequest] = []
+        self._connector_queue: deque[EngineRequest] = deque()
         self._asleep: set[EngineRequest] = set()
         if config.native_host_offload is not None:
             # (Its module and the KV tiers under it load only for a run that has them.)
@@ -1078,16 +1085,24 @@ class VllmScheduler:
 
     def _offload_next(self) -> EngineRequest | None:
         """The next request the waiting loop tries with a host tier: the first awake
-        connector waiter (with a disk tier, one already holding GPU blocks for its load
-        first), else the waiting head (None: nothing to try)."""
+        connector waiter in the connector's FIFO (with a disk tier, one already holding
+        GPU blocks for its load first), else the waiting head (None: nothing to try)."""
         offload = self._offload
         assert offload is not None
-        awake = [r for r in self._connector if r not in self._asleep]
-        if awake:
-            if offload.disk is not None:
-                return next((r for r in awake if offload.reserved_blocks(r)), awake[0])
-            return awake[0]
-        return self._waiting_head() if self.waiting else None
+        connector, queue, asleep = self._connector, self._connector_queue, self._asleep
+        if len(connector) == len(asleep):  # (every waiter there sleeps: _asleep is a subset)
+            return self._waiting_head() if self.waiting else None
+        if offload.disk is not None:
+            for request in queue:
+                if (
+                    request in connector
+                    and request not in asleep
+                    and offload.reserved_blocks(request)
+                ):
+                    return request
+        while queue[0] not in connector:
+            queue.popleft()
+        return next(r for r in queue if r in connector and r not in asleep)
 
     def _gpu_prefix(self, request: EngineRequest) -> tuple[int, int, int]:
         """The request's full named blocks and its cached GPU prefix of them, as a host
@@ -1111,6 +1126,7 @@ class VllmScheduler:
         if request not in self._asleep and request not in self._connector:
             self.waiting.remove(request)
             self._connector.append(request)
+            self._connector_queue.append(request)
         self._asleep.add(request)
 
     def _dequeue(self, request: EngineRequest) -> None:
@@ -1118,6 +1134,8 @@ class VllmScheduler:
         if self._connector and request in self._connector:
             self._connector.remove(request)
             self._asleep.discard(request)
+            if self._connector_queue[0] is request:
+                self._connector_queue.popleft()
         else:
             self.waiting.remove(request)
 
