@@ -140,7 +140,8 @@ class VllmScheduler:
         # that leaves from behind the front (admitted) leaves its entry there. Should it
         # join again (preempted, then put off), that entry is its place, ahead of the one
         # it takes at the tail. Entries of requests that left are dropped from the front
-        # when an awake request is next picked, as the reference drops them.
+        # when the first awake request in it is picked by its place, as the reference
+        # drops them (not when a disk tier's load owner is picked ahead of it).
         self._offload: HostOffload | None = None
         self._connector: list[EngineRequest] = []
         self._connector_queue: deque[EngineRequest] = deque()
