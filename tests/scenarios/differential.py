@@ -4,7 +4,7 @@ Run from the repository root, with the reference installed
 (``../shared/reference/setup.sh .reference-venv``)::
 
     .venv/bin/python -m tests.scenarios.differential --seeds 0-39 \\
-        [--family aggregated disaggregated offload] [--jobs 2] [--shrink --out DIR]
+        [--family aggregated disaggregated offload disagg_offload] [--jobs 2] [--shrink --out DIR]
 
 Each (family, seed) makes one small round-robin scenario in the reference's
 scenario format (``shared/reference/README.md``), the same on any machine
@@ -17,7 +17,10 @@ requests whose hash ids come from a small alphabet, tiny blocks, tight KV.
 - ``disaggregated``: prefill and decode pools, with and without a KV-transfer
   bandwidth (priced per transfer, ``kv_transfer_link_model: independent``);
 - ``offload``: vLLM with a host tier (``native_host_offload``), half of the
-  seeds with a disk tier (``g3_offload``) under it.
+  seeds with a disk tier (``g3_offload``) under it;
+- ``disagg_offload``: vLLM prefill and decode pools, a host tier on either side
+  or both (no disk tier: both reject one outside aggregated runs), with and
+  without a KV-transfer bandwidth.
 
 Round robin only: the reference's KV router breaks ties at random. The
 generator keeps clear of inputs rejected on purpose
@@ -63,7 +66,7 @@ from typing import Any
 from tests.scenarios.harness import Json, compared_keys, flatten, values_agree
 
 REPO = Path(__file__).resolve().parents[2]
-FAMILIES = ("aggregated", "disaggregated", "offload")
+FAMILIES = ("aggregated", "disaggregated", "offload", "disagg_offload")
 
 # Per-request fields compared (the same names in both simulators' records).
 RECORD_KEYS = (
@@ -244,6 +247,12 @@ def _disaggregated(rng: random.Random, backend: str, rows: Sequence[Json]) -> Js
 
 def _offload(rng: random.Random, rows: Sequence[Json]) -> Json:
     """A vLLM engine with a host tier and, half the time, a disk tier under it."""
+    engine = _offload_engine(rng, rows)
+    return {"num_workers": rng.randint(1, 2), "engine": engine}
+
+
+def _offload_engine(rng: random.Random, rows: Sequence[Json]) -> Json:
+    """A tight vLLM engine of 4-token blocks with a host tier and, half the time, a disk tier."""
     engine: Json = {
         "block_size": 4,
         "num_gpu_blocks": max(rng.randint(12, 24), _blocks_for(rows, 4)),
@@ -263,7 +272,30 @@ def _offload(rng: random.Random, rows: Sequence[Json]) -> Json:
             "read_bandwidth_gbps": 0.5,
             "write_bandwidth_gbps": 1.0,
         }
-    return {"num_workers": rng.randint(1, 2), "engine": engine}
+    return engine
+
+
+def _disagg_offload(rng: random.Random, rows: Sequence[Json]) -> Json:
+    """vLLM prefill and decode pools, a host tier on one side or both, maybe a transfer link."""
+    sides = rng.choice([("prefill",), ("decode",), ("prefill", "decode")])
+    spec: Json = {"num_prefill_workers": rng.randint(1, 2), "num_decode_workers": rng.randint(1, 2)}
+    for side in ("prefill", "decode"):
+        engine = _offload_engine(rng, rows)
+        engine.pop("g3_offload", None)
+        if side not in sides:
+            del engine["native_host_offload"]
+        spec[f"{side}_engine"] = engine
+    decode = spec["decode_engine"]
+    decode["num_gpu_blocks"] = max(decode["num_gpu_blocks"], _blocks_for(rows, 4, 4))
+    if rng.random() < 0.5:
+        link = {
+            "kv_transfer_bandwidth": rng.choice([1.0, 10.0]),
+            "kv_transfer_bytes_per_token": rng.choice([131072, 1000000]),
+        }
+        spec["prefill_engine"].update(link)
+        decode.update(link)
+        spec["servesim_engine_overrides"] = {"kv_transfer_link_model": "independent"}
+    return spec
 
 
 def generate(family: str, seed: int) -> Case:
@@ -271,8 +303,9 @@ def generate(family: str, seed: int) -> Case:
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {FAMILIES}")
     rng = random.Random(f"{family}-{seed}")
-    block_size = 8 if family == "offload" else rng.choice([4, 8, 8, 16])
-    max_blocks, max_output = (6, 12) if family == "offload" else (5, 16)
+    offload = family in ("offload", "disagg_offload")
+    block_size = 8 if offload else rng.choice([4, 8, 8, 16])
+    max_blocks, max_output = (6, 12) if offload else (5, 16)
     rows = _trace(rng, block_size, max_blocks=max_blocks, max_output=max_output)
     spec: Json = {"name": f"{family}-{seed}", "trace_block_size": block_size}
     spec["router_mode"] = "round_robin"
@@ -283,8 +316,10 @@ def generate(family: str, seed: int) -> Case:
         spec |= {"num_workers": rng.randint(1, 3), "engine": _engine(rng, backend, rows, dp=True)}
     elif family == "disaggregated":
         spec |= _disaggregated(rng, backend, rows)
-    else:
+    elif family == "offload":
         spec |= _offload(rng, rows)
+    else:
+        spec |= _disagg_offload(rng, rows)
     return Case(spec["name"], spec, rows)
 
 
