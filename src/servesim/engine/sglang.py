@@ -176,6 +176,7 @@ class SglangScheduler:
         self._prev_decode_end: float | None = 0.0
         self._decode_pending = False
         self._last_pass_decoded = False
+        self._ratio_before_pass = self.new_token_ratio
 
     # ----- what the worker drives (servesim.engine.scheduler.RankScheduler) -----
 
@@ -370,6 +371,7 @@ class SglangScheduler:
     def execute_pass(self, now: float) -> PassResult:
         """Decide and apply one pass starting at ``now``; see the module docstring."""
         self._passes += 1
+        self._ratio_before_pass = self.new_token_ratio
         result = PassResult(end_ms=now)
         if self._unservable:
             for request in self._unservable:
@@ -380,8 +382,7 @@ class SglangScheduler:
             self._lpm_reorder()
         admitted: list[EngineRequest] = []
         sum_isl = sum_prefix = 0
-        pending = isinstance(self.role, DestinationRole) and bool(self.role.pending)
-        if not self.prebuilt and not pending:
+        if self._admission_open():
             admitted, sum_isl, sum_prefix = self._admit(result)
         prefill = 0.0
         batch = len(admitted)
@@ -417,6 +418,42 @@ class SglangScheduler:
         if self._others:
             self._join_others(result)
         return result
+
+    @property
+    def ratio_lowered(self) -> bool:
+        """Whether the last pass changed ``new_token_ratio`` (a decay step)."""
+        return self.new_token_ratio != self._ratio_before_pass
+
+    def ratio_steps_to_admit(self) -> int | None:
+        """After a pass that made no progress: how many more decay steps (0 or more) of
+        ``new_token_ratio`` let a repeat of the pass admit the waiting head, as far as the
+        budgets of :meth:`_admit` go; None if none down to the floor does (or nothing
+        can be admitted whatever the ratio)."""
+        if not self._admission_open() or not self.waiting:
+            return None
+        if len(self.running) >= self._max_running:
+            return None
+        chunk = self._next_chunk(self.waiting[0], float(self._chunk), float(self._max_prefill))
+        if chunk is None:
+            return None
+        need = chunk[3]
+        total = self.kv.available_tokens + self.kv.evictable_tokens
+        ratio, step, floor = self.new_token_ratio, self._ratio_step, self._ratio_floor
+        steps = 0
+        while need >= total - self._reserved_tokens(ratio):
+            if ratio <= floor:
+                return None
+            ratio = max(ratio - step, floor)
+            steps += 1
+        return steps
+
+    def decay_ratio_steps(self, steps: int | None) -> None:
+        """Decay ``new_token_ratio`` by ``steps`` steps (None: all the way, to its floor;
+        as :meth:`_decay_ratio`, a ratio already below the floor stays)."""
+        if steps is None:
+            self.new_token_ratio = min(self.new_token_ratio, self._ratio_floor)
+        else:
+            self._decay_ratio(steps)
 
     def _join_others(self, result: PassResult) -> None:
         """After a pass: running requests that emitted in it join the cohort (lazy mode)."""
@@ -482,64 +519,98 @@ class SglangScheduler:
         scored.sort(key=lambda item: item[:3])
         self.waiting = deque(item[3] for item in scored)
 
+    def _admission_open(self) -> bool:
+        """Whether a pass may admit from waiting: no prebuilt request waits for a running
+        slot and no destination reservation is pending."""
+        return not self.prebuilt and not (
+            isinstance(self.role, DestinationRole) and self.role.pending
+        )
+
+    def _reserved_tokens(self, ratio: float) -> float:
+        """The admission budget's reserve for the running requests' remaining output at
+        ``ratio`` (``new_token_ratio``), summed in running order."""
+        clip = self._clip
+        reserved = 0.0
+        for request in self.running:
+            reserved += min(request.max_output - self._generated(request), clip) * ratio
+        return reserved
+
+    def _next_chunk(
+        self, request: EngineRequest, rem_chunk: float, rem_input: float
+    ) -> tuple[int, int, int, int] | None:
+        """The next prefill chunk of a waiting ``request`` within what is left of the
+        chunk and prefill budgets, as (its start, its tokens, its whole pages' tokens, the
+        tokens it needs of the KV budget: those pages plus, when it completes the prompt,
+        its output reserve). None when it takes none: nothing left to compute, no whole
+        page left of the chunk, or its pages exceed the budgets.
+
+        The KV budget check is the caller's: the chunk goes in when what it needs is
+        below what is free or evictable less :meth:`_reserved_tokens` (less what earlier
+        chunks of the pass took)."""
+        ps = self.block_size
+        materialized = request.num_computed
+        length = request.length
+        cached = 0
+        if not materialized and self._caching:
+            # The last token is always computed (its logits are needed).
+            hashes = self._page_hashes(request)
+            match_len = length if request.max_output == 0 else length - 1
+            cached = self.kv.prefix_match_len(hashes, match_len // ps)
+        start = max(materialized, cached)
+        extend = length - start
+        if extend == 0 and materialized:
+            return None
+        if -(-extend // ps) * ps <= rem_chunk:
+            chunk = extend
+        else:
+            chunk = min(int(rem_chunk) // ps * ps, extend)
+            if chunk == 0:
+                return None
+        charged = -(-chunk // ps) * ps
+        if charged > rem_input or charged > rem_chunk:
+            return None
+        reserve = 0 if chunk < extend else min(request.max_output - request.generated, self._clip)
+        return start, chunk, charged, charged + reserve
+
     def _admit(self, result: PassResult) -> tuple[list[EngineRequest], int, int]:
         """Admit prefill chunks from waiting; returns (requests, sum of chunk ends, sum of prefixes)."""
         waiting = self.waiting
         if not waiting:
             return [], 0, 0
-        ps, kv, clip, ratio = self.block_size, self.kv, self._clip, self.new_token_ratio
-        reserved = 0.0
-        for request in self.running:
-            reserved += min(request.max_output - self._generated(request), clip) * ratio
-        rem_total = (kv.available_tokens + kv.evictable_tokens) - reserved
+        kv = self.kv
+        rem_total = (kv.available_tokens + kv.evictable_tokens) - self._reserved_tokens(
+            self.new_token_ratio
+        )
         rem_input = float(self._max_prefill)
         rem_chunk = float(self._chunk)
         slots = self._max_running - len(self.running)
         admitted: list[EngineRequest] = []
         sum_isl = sum_prefix = 0
         while len(admitted) < slots and waiting:
-            request = waiting.popleft()
+            request = waiting[0]
+            chunk = self._next_chunk(request, rem_chunk, rem_input)
+            if chunk is None:
+                break
+            start, tokens, charged, need = chunk
+            if need >= rem_total:
+                break
             lease = request.lease
             assert lease is not None
             materialized = request.num_computed
-            length = request.length
-            cached = 0
-            if not materialized and self._caching:
-                # The last token is always computed (its logits are needed).
-                hashes = self._page_hashes(request)
-                match_len = length if request.max_output == 0 else length - 1
-                cached = kv.prefix_match_len(hashes, match_len // ps)
-            start = max(materialized, cached)
-            extend = length - start
-            if extend == 0 and materialized:
-                waiting.appendleft(request)
-                break
-            if -(-extend // ps) * ps <= rem_chunk:
-                chunk = extend
-            else:
-                chunk = min(int(rem_chunk) // ps * ps, extend)
-                if chunk == 0:
-                    waiting.appendleft(request)
-                    break
-            charged = -(-chunk // ps) * ps
-            reserve = 0 if chunk < extend else min(request.max_output - request.generated, clip)
-            if charged + reserve >= rem_total or charged > rem_input or charged > rem_chunk:
-                waiting.appendleft(request)
-                break
-            end = start + chunk
+            end = start + tokens
             self._ensure_page_hashes(request, end)
             if materialized:
                 prefix = kv.extend(lease, end)
             else:
                 prefix = kv.allocate(lease, end, match_limit=start)
             if prefix is None:
-                waiting.appendleft(request)
                 break
+            waiting.popleft()
             request.num_computed = end
-            hits, tokens = result.cache_tokens
+            hits, total = result.cache_tokens
             result.cache_tokens = (
                 hits + (0 if materialized else prefix),
-                tokens + end - materialized,
+                total + end - materialized,
             )
             if not materialized:
                 result.admitted.append((request, prefix))
@@ -547,7 +618,7 @@ class SglangScheduler:
             admitted.append(request)
             sum_isl += end
             sum_prefix += prefix
-            rem_total -= charged + reserve
+            rem_total -= need
             rem_input -= charged
             rem_chunk -= charged
             if rem_chunk <= 0:

@@ -355,6 +355,9 @@ class Worker:
     def start_pass(self, now: float) -> tuple[float, list[tuple[EngineRequest, int]]] | None:
         """Start one group pass (or a fast-forward window) at ``now``.
 
+        A pass that makes no progress but lowers an SGLang rank's ``new_token_ratio`` is
+        run again at the same instant (see :func:`_retry_at_same_instant`).
+
         Returns:
             The end and the admissions made at the start, or None when no rank
             could make progress (the worker is then stalled until a submit).
@@ -365,24 +368,29 @@ class Worker:
             if end is not None:
                 self._take_catch_ups()
                 return end, []
-        results = []
-        ran = []
-        admitted: list[tuple[EngineRequest, int]] = []
-        progressed = False
-        end = now
-        for rank in self.ranks:
-            if rank.has_work():
-                result = rank.execute_pass(now)
-                if result.finished or result.preempted:
-                    rank.role.capacity_changed()  # a slot or blocks freed: its reservations are due
-                results.append(result)
-                ran.append(rank)
-                admitted += result.admitted
-                progressed |= result.progressed
-                end = max(end, result.end_ms)
-        if not progressed and not any(rank.role.reservation_due() for rank in ran):
-            self.stalled = True
-            return None
+        # Once, unless the pass is run again (see the docstring; no window could start
+        # then: a rank with a waiting head plans none).
+        while True:
+            results = []
+            ran = []
+            admitted: list[tuple[EngineRequest, int]] = []
+            progressed = False
+            end = now
+            for rank in self.ranks:
+                if rank.has_work():
+                    result = rank.execute_pass(now)
+                    if result.finished or result.preempted:
+                        rank.role.capacity_changed()  # a slot or blocks freed: its reservations are due
+                    results.append(result)
+                    ran.append(rank)
+                    admitted += result.admitted
+                    progressed |= result.progressed
+                    end = max(end, result.end_ms)
+            if progressed or any(rank.role.reservation_due() for rank in ran):
+                break
+            if not _retry_at_same_instant(ran):
+                self.stalled = True
+                return None
         if end == now and self._repeats_effect_free(now, results):
             # (The ranks ran the pass, which left their queues as an earlier one did; it
             # is not recorded, and only their preemption counts keep a trace of it.)
@@ -660,6 +668,27 @@ class Worker:
 _running_sum = np.add.accumulate
 """Cumulative sums, in order: the ufunc itself, a quarter of ``cumsum(out=...)``'s cost on a
 window's hundred-odd passes (np.cumsum adds a Python wrapper, ``out=`` argument checks)."""
+
+
+def _retry_at_same_instant(ran: list[RankScheduler]) -> bool:
+    """After a group pass that made no progress: whether to run it again at once.
+
+    The reference (``same_timestamp_retry``) runs a zero-duration pass without effects
+    again at the same instant while that changes an SGLang rank's ``new_token_ratio``:
+    each such pass decays it by one step, so it falls to its floor unless one of them
+    admits first. The passes that would admit nothing are skipped: the ranks that ran
+    get the ratio the first pass that admits a waiting head (as far as the admission
+    budget goes) finds, or their floor when none does, and the pass is run again
+    (if one does).
+    """
+    ranks = [rank for rank in ran if isinstance(rank, SglangScheduler)]
+    if not any(rank.ratio_lowered for rank in ranks):
+        return False
+    found = [n for n in (rank.ratio_steps_to_admit() for rank in ranks) if n is not None]
+    steps = min(found) if found else None
+    for rank in ranks:
+        rank.decay_ratio_steps(steps)
+    return steps is not None
 
 
 def _vllm(rank: RankScheduler) -> VllmScheduler:
