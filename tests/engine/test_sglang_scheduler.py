@@ -8,6 +8,7 @@ from servesim import RunConfig, SyntheticWorkload, parse_engine_args, run
 from servesim.engine.request import EngineRequest, Status
 from servesim.engine.sglang import SglangScheduler
 from servesim.engine.timing import make_timing
+from servesim.engine.worker import Worker
 from servesim.workload.request import SyntheticPrompt
 
 
@@ -93,3 +94,70 @@ def test_the_new_token_ratio_decays_on_decode_passes_only() -> None:
     assert scheduler.new_token_ratio == init
     scheduler.execute_pass(result.end_ms)  # a decode pass
     assert scheduler.new_token_ratio == pytest.approx(init - (0.7 - 0.098) / 600, rel=1e-15)
+
+
+def _stuck_worker(head_prompt: int) -> tuple[Worker, SglangScheduler, EngineRequest]:
+    """One rank of 9 one-token pages, speculative bursts of 5 (nextn 4), each running
+    request's reserve clipped to 3 tokens, fixed timing (prefill 5 ms). R (4-token prompt,
+    20 outputs) is prefilled by 5 ms: its 5 pages leave 4 free, too few for its next burst
+    of 5, so its decode passes do nothing from then on (a lone request is not retracted).
+    A request of ``head_prompt`` tokens and 1 output waits behind it from 5 ms."""
+    config = parse_engine_args(
+        {
+            "backend": "sglang",
+            "block_size": 1,
+            "num_gpu_blocks": 9,
+            "aic_nextn": 4,
+            "aic_nextn_accept_rates": "1,1,1,1",
+            "sglang": {"clip_max_new_tokens": 3},
+            "timing_model": {"type": "fixed", "prefill_ms": 5.0, "decode_ms": 1.0},
+        }
+    )
+    worker = Worker(0, config)
+    (rank,) = worker.ranks
+    assert isinstance(rank, SglangScheduler)
+    stuck, head = _request(0, 4, 20), _request(1, head_prompt, 1)
+    worker.submit(0, stuck, 0.0)
+    assert worker.start_pass(0.0) == (5.0, [(stuck, 0)])
+    worker.finish_pass()
+    assert stuck.generated == 1 and rank.kv.available_tokens == 4
+    worker.submit(0, head, 5.0)
+    return worker, rank, head
+
+
+def _ratio_after(passes: int) -> float:
+    """``new_token_ratio`` after ``passes`` decode passes from its start (0.7, floor 0.098)."""
+    ratio, floor = 0.7, 0.7 * 0.14
+    for _ in range(passes):
+        ratio = max(ratio - (0.7 - floor) / 600, floor)
+    return ratio
+
+
+def test_a_pass_that_does_nothing_is_run_again_at_once_while_it_lowers_the_ratio() -> None:
+    """The reference's ``same_timestamp_retry``: a zero-duration pass that did nothing is
+    run again at the same instant as long as that changes ``new_token_ratio``.
+
+    At 5 ms the 1-token head needs 2 tokens of the budget (its page and its 1-token
+    output reserve) out of the 4 free less R's reserve, 3 x the ratio: 4 - 2.1 at 0.7,
+    too little. R's burst does not fit either, so the pass does nothing but decay the
+    ratio one step. Each run again decays it one more step; the one run with the ratio
+    34 steps down (the 35th pass at 5 ms) is the first whose ratio is below 2/3: it
+    admits the head, whose prefill pass ends at 10 ms with its only token. The 33 passes
+    between (33 steps down at most) would decide nothing and are not run: the ratio
+    takes their steps at once.
+    """
+    worker, rank, head = _stuck_worker(1)
+    assert _ratio_after(33) >= 2 / 3 > _ratio_after(34)
+    assert worker.start_pass(5.0) == (10.0, [(head, 0)])
+    assert rank.new_token_ratio == _ratio_after(34)  # a prefill pass does not decay it
+    assert worker.finish_pass().finished == [head]
+
+
+def test_a_pass_that_does_nothing_takes_the_ratio_to_its_floor_when_no_repeat_admits() -> None:
+    """As above with a 3-token head: it needs 4 tokens, never below 4 less R's reserve,
+    however low the ratio goes (to 0.098). The passes run again at 5 ms all do nothing,
+    and the last of them leaves the ratio at its floor: the worker stalls until a request
+    arrives."""
+    worker, rank, _ = _stuck_worker(3)
+    assert worker.start_pass(5.0) is None and worker.stalled
+    assert rank.new_token_ratio == _ratio_after(600) == 0.7 * 0.14
