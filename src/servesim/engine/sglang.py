@@ -34,6 +34,10 @@ KV lives in a radix cache over pages of ``block_size`` tokens
    the radix tree; a finished request caches its page-floored sequence and
    unlocks. ``new_token_ratio`` decays by its step after each decode pass,
    down to its floor.
+6. **Run again** (by the worker, :meth:`~servesim.engine.worker.Worker.start_pass`): a
+   pass that did nothing but decay the ratio is run again at the same instant, as
+   long as that lowers it; the passes that would admit nothing are skipped, their
+   steps taken at once (:meth:`SglangScheduler.ratio_steps_to_admit`).
 
 Every token of a pass is stamped at its end.
 
