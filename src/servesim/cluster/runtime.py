@@ -14,6 +14,14 @@ becomes possible at that instant, in a fixed order, until nothing changes:
 then jumps to the next timestamp: the earliest pass end, arrival, flow
 deadline or idle worker's own deadline. A pass is decided at its start; its outputs become visible at its end.
 
+Workers with a disk tier under their host tier are driven as the reference
+drives its ready workers, since their waiters' lookups count disk probes each
+time: one that found nothing to do tries again once for each time the
+reference would drive it again at that instant (after any pass with effects,
+and in each round after one that changed something), and once at every later
+instant the runtime settles (see :meth:`Runtime._drive_disk_worker`). Runs
+without a disk tier skip that bookkeeping.
+
 With telemetry (:mod:`servesim.metrics.telemetry`), a sample due at a
 timestamp is taken at the end of that instant's first round of the settle
 loop, as the reference takes it (a disaggregated request released then has
@@ -499,6 +507,16 @@ class Runtime:
         self._flow_timers = flow.timers
         # The instant at which stuck ranks were last let admit past their heads.
         self._stalls_broken_at = -math.inf
+        # A disk tier (under aggregated workers only, all of them or none): the workers are
+        # driven as the reference drives its ready workers (see _drive_disk_worker). The
+        # reference's drives so far, whether the settle round changed anything, and, at the
+        # instant _last_drive_at, up to which drive each worker still trying has run its
+        # passes. Runs without a disk tier never read them.
+        self._disk = any(w.has_disk for p in flow.pools for w in p.workers)
+        self._drives = 0
+        self._round_changed = False
+        self._last_drive: dict[int, int] = {}
+        self._last_drive_at = -math.inf
 
     def run(self, max_sim_time_ms: float | None = None) -> RunOutcome:
         """Run until every request has ended (or the next timestamp passes the cap)."""
@@ -736,6 +754,9 @@ class Runtime:
         tick = self._tick_at == now
         timed, flow_timers = self._timed, self._flow_timers
         driven = False
+        disk = self._disk
+        if disk:
+            self._begin_drives(now)
         while True:
             # Each step is skipped when a look shows it has nothing to do (the last
             # round, which confirms that nothing changed, is most of them).
@@ -751,19 +772,25 @@ class Runtime:
                 changed |= self.flow.settle(now, workers_driven=driven)
             if admission.next_ready_ms(now) <= now:
                 changed |= self._release_arrivals(now)
-            if any(wakeables):
+            if disk:
+                changed |= self._drive_disk_workers(now, changed)
+            elif any(wakeables):
                 changed |= self._start_passes(now)
             driven = True
             if timed:
                 if self._scaled:
-                    changed |= self._remove_drained(now)
+                    removed = self._remove_drained(now)
+                    changed |= removed
+                    self._round_changed |= removed  # (with a disk tier: a drive more)
                 if sample:
                     sample = False
                     assert telemetry is not None
                     telemetry.periodic(now, *self._observed())
                 if tick:
                     tick = False
-                    changed |= self._tick_due()
+                    ticked = self._tick_due()
+                    changed |= ticked
+                    self._round_changed |= ticked
             if not changed:
                 if self._shared_own_work:
                     for pool in pools:
@@ -874,6 +901,94 @@ class Runtime:
             # a destination asked for then waits for that pass's end.
             pool.wakeable.discard(worker_id)
             started = True
+
+    # ----- workers with a disk tier -----
+
+    def _begin_drives(self, now: float) -> None:
+        """A settle begins (with a disk tier): no round of it has changed anything yet.
+
+        At a new instant the workers' runs of passes begin afresh, and a worker
+        that found nothing to do is woken: the reference drives every ready
+        worker again at each instant it settles (the lookups of its waiters,
+        deferred on disk reads, count disk probes again).
+        """
+        self._round_changed = False
+        if self._last_drive_at == now:
+            return
+        self._last_drive_at = now
+        self._last_drive.clear()
+        pool = self._pools[Stage.AGGREGATED]
+        for worker_id, worker in enumerate(pool.workers):
+            if worker.stalled and worker.found_nothing:
+                pool.wake(worker_id)
+
+    def _drive_disk_workers(self, now: float, changed: bool) -> bool:
+        """A settle round's passes with a disk tier (``changed``: whether the round changed
+        anything before them); whether any started or is to run again.
+
+        A round after one that changed something is one more drive of the
+        reference's ready workers. The workers woken go lowest id first, as in
+        :meth:`_start_passes`.
+        """
+        if self._round_changed:
+            self._drives += 1
+        self._round_changed = changed
+        pool = self._pools[Stage.AGGREGATED]
+        wakeable = sorted(pool.wakeable)
+        pool.wakeable.clear()
+        started = False
+        for worker_id in wakeable:
+            started |= self._drive_disk_worker(pool, worker_id, now)
+        return started
+
+    def _drive_disk_worker(self, pool: Pool, worker_id: int, now: float) -> bool:
+        """Start a pass of a worker with a disk tier; whether one started (or it is to run again).
+
+        The reference drives its ready workers again after each pass with
+        effects (one that takes time, admits or ends a request) and in each
+        round of the instant after one that changed something. A worker that
+        found nothing to do runs once more, in the next round, for each such
+        drive since its last pass (its waiters' lookups count disk probes each
+        time), and its run at this instant ends when there is none left. A pass
+        that took no time and submitted a disk read, or finds a transfer due,
+        counts as progress: it goes on at once (see
+        :meth:`VllmScheduler.execute_pass`).
+        """
+        worker = pool.workers[worker_id]
+        if not worker.can_start():
+            if not worker.busy:
+                self._watch_own_work(pool, worker_id)
+            return False
+        last = self._last_drive.setdefault(worker_id, self._drives)
+        begun = worker.start_pass(now)
+        if begun is None:
+            # Drives since its last pass, the next round's counted when this one changed something.
+            if worker.found_nothing and last < self._drives + self._round_changed:
+                self._last_drive[worker_id] = last + 1
+                pool.wake(worker_id)
+                return True
+            del self._last_drive[worker_id]
+            self._watch_own_work(pool, worker_id)
+            return False
+        end, admitted = begun
+        self.flow.on_pass_start(pool, worker, admitted, now)
+        if end > now:
+            del self._last_drive[worker_id]
+            self._drive_again()
+            pool.schedule_end(worker_id, end)
+            return True
+        pool.wake(worker_id)
+        outputs = worker.finish_pass()
+        if admitted or outputs.emitted or outputs.finished or outputs.rejected:
+            self._drive_again()
+        self.flow.on_pass_end(pool, worker, outputs, now)
+        return True
+
+    def _drive_again(self) -> None:
+        """A pass with effects: the reference drives its ready workers again at once, and
+        its round has changed something."""
+        self._drives += 1
+        self._round_changed = True
 
     def _deliver_windows_up_to(self, limit: float) -> None:
         """At a time cap, make visible the fast-forwarded tokens stamped by ``limit``."""

@@ -128,6 +128,8 @@ class HostOffload:
         # read by a store): block id -> the latest such store; stale once it completed.
         self._awaiting: dict[int, int] = {}
         self._store_blocks: dict[int, list[int]] = {}
+        self.reads_submitted = 0
+        """Disk reads this rank's lookups submitted (a pass that submits one goes on at once)."""
         self.fence = 0.0
         """No pass computes before this: it reuses GPU blocks whose copy ends then."""
 
@@ -277,6 +279,7 @@ class HostOffload:
             return deferred
         self._tried.update((request.uid, key) for key in missing)
         self._reads[job.jid] = reservations
+        self.reads_submitted += 1
         self._restore_rounds[request.uid] = self._restore_rounds.get(request.uid, 0) + 1
         return True
 

@@ -341,6 +341,7 @@ class VllmScheduler:
             self._sync(self._step - 1)
             self._schedule_running()
         if self._offload is not None:
+            reads = self._offload.reads_submitted
             self._schedule_waiting_offload(now)
             if cohort or self._scheduled:
                 self._offload.rank_worked()
@@ -356,6 +357,11 @@ class VllmScheduler:
         result.progressed |= bool(
             cohort or self._scheduled or result.finished or result.rejected or result.preempted
         )
+        offload = self._offload
+        if offload is not None and offload.disk is not None and result.end_ms == now:
+            # A pass that took no time is retried at once when it submitted a disk read or
+            # a transfer is due, as the reference's is when its disk tier's epoch moved.
+            result.progressed |= offload.reads_submitted != reads or offload.next_deadline() <= now
         if self.waiting:
             self._waited_step = self._step
         self._stall_broken = False
@@ -1149,42 +1155,13 @@ class VllmScheduler:
     def process_internal(self, now: float) -> None:
         """While idle, complete the transfers due by ``now``.
 
-        With a disk tier, the rank first looks its waiters up again as they
-        stand (see :meth:`_relook`), as the reference's idle rank runs a
-        scheduler step before the transfers' completions reach it.
+        (With a disk tier, the reference's idle rank also runs scheduler steps
+        that find nothing to do around these completions, whose lookups count
+        disk probes: the runtime drives the worker again for each, see
+        :meth:`Runtime._drive_disk_worker`.)
         """
         if self._offload is not None:
-            if self._offload.disk is not None and not self.running:
-                self._relook(now)
             self._settle_transfers(*self._offload.advance(now))
-
-    def _relook(self, now: float) -> None:
-        """The lookups of a waiting loop run before the due transfers complete.
-
-        The reference wakes an idle rank at a transfer's deadline with a
-        scheduler step, and the transfers complete at that step's end (then
-        the rank steps again, as :meth:`process_internal`'s caller does here).
-        Nothing changed since the rank last found nothing to admit, so the step
-        admits nothing: its waiters are looked up in the waiting loop's order
-        (each one deferred goes to sleep) up to the first that is not deferred.
-        Only the lookups' effects remain: disk probes counted, host recency.
-        """
-        offload = self._offload
-        assert offload is not None
-        max_len = self.config.max_model_len
-        while True:
-            request = self._offload_next()
-            if request is None:
-                return
-            load = offload.load_of(request)
-            if (max_len is not None and request.prompt_len >= max_len) or (
-                load is not None and load.activated
-            ):
-                return
-            _, raw, _ = self._gpu_prefix(request)
-            if offload.lookup(request, raw, now)[0] is not Lookup.DEFERRED:
-                return
-            self._sleep(request)
 
     def complete_boundary(self, now: float) -> None:
         """A pass ended at ``now``: transfers due complete and the pass's stores start."""

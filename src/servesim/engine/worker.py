@@ -149,9 +149,11 @@ class Worker:
         "decode_forwards",
         "decode_tokens",
         "fast_forward",
+        "found_nothing",
         "fpm_count",
         "fpm_ms",
         "fpms",
+        "has_disk",
         "published",
         "ranks",
         "stalled",
@@ -195,6 +197,7 @@ class Worker:
             for rank in self.ranks:
                 if isinstance(rank, VllmScheduler):
                     rank.windows_span_finishes = True
+        self.has_disk = disk is not None  # a disk tier under the ranks' host tier
         if disk is not None:
             for rank in self.ranks:
                 assert isinstance(rank, VllmScheduler), "a disk tier sits under a vLLM host tier"
@@ -209,6 +212,10 @@ class Worker:
         self.busy_until: float | None = None
         # Set when a pass could do nothing; cleared when a request is submitted.
         self.stalled = False
+        # Set with stalled: whether no rank could make progress (not a pass that repeated an
+        # earlier one at the instant, see _repeats_effect_free). A worker with a disk tier
+        # that found nothing tries again when the reference would drive it again.
+        self.found_nothing = False
         # The instant of the latest passes that took no time and emitted nothing, and the
         # ranks' queues each left (see _repeats_effect_free).
         self._effect_free: tuple[float, set[_Queues]] | None = None
@@ -389,12 +396,13 @@ class Worker:
             if progressed or any(rank.role.reservation_due() for rank in ran):
                 break
             if not _retry_at_same_instant(ran):
-                self.stalled = True
+                self.stalled = self.found_nothing = True
                 return None
         if end == now and self._repeats_effect_free(now, results):
             # (The ranks ran the pass, which left their queues as an earlier one did; it
             # is not recorded, and only their preemption counts keep a trace of it.)
             self.stalled = True
+            self.found_nothing = False
             return None
         # An empty pass still ends: a decode rank whose untried reservation head
         # waits (it blocks admission) tries it at that end, at the same instant.
