@@ -781,7 +781,7 @@ class Runtime:
                 if self._scaled:
                     removed = self._remove_drained(now)
                     changed |= removed
-                    self._round_changed |= removed  # (with a disk tier: a drive more)
+                    self._round_changed |= removed  # (read with a disk tier only: a drive more)
                 if sample:
                     sample = False
                     assert telemetry is not None
@@ -790,7 +790,7 @@ class Runtime:
                     tick = False
                     ticked = self._tick_due()
                     changed |= ticked
-                    self._round_changed |= ticked
+                    self._round_changed |= ticked  # (likewise)
             if not changed:
                 if self._shared_own_work:
                     for pool in pools:

@@ -340,14 +340,15 @@ class VllmScheduler:
         if not cohort:
             self._sync(self._step - 1)
             self._schedule_running()
-        if self._offload is not None:
-            reads = self._offload.reads_submitted
+        offload = self._offload
+        if offload is not None:
+            reads = offload.reads_submitted  # (before this pass's waiting loop)
             self._schedule_waiting_offload(now)
             if cohort or self._scheduled:
-                self._offload.rank_worked()
+                offload.rank_worked()
             for request in self.running:
                 if request in self._scheduled:
-                    self._offload.observe_computed(request, now)
+                    offload.observe_computed(request, now)
         elif not result.preempted and len(self.running) < self._max_seqs:
             self._schedule_waiting()
         scheduled = self._scheduled_work() if self.measure_fpm else None
@@ -357,7 +358,6 @@ class VllmScheduler:
         result.progressed |= bool(
             cohort or self._scheduled or result.finished or result.rejected or result.preempted
         )
-        offload = self._offload
         if offload is not None and offload.disk is not None and result.end_ms == now:
             # A pass that took no time is retried at once when it submitted a disk read or
             # a transfer is due, as the reference's is when its disk tier's epoch moved.
