@@ -245,16 +245,17 @@ def _keys(request: EngineRequest) -> list[int]:
 
 
 def test_a_prompt_given_a_block_still_being_copied_stores_nothing_until_the_copy_ends() -> None:
-    """Request 1 finished; request 2's 8-token prompt gets GPU blocks 5 and 0, and request
-    1's store still reads block 0. Its pass computes from 1 ms, and until that store
-    completes the whole allocation awaits its write: it offers nothing to host, not even
-    its complete first block in block 5; then both its blocks go as one store (the fuzzer's
-    `offload` 563)."""
+    """Request 1 finished; request 2's 8-token prompt gets GPU blocks 0 and 5, and request
+    1's store still reads block 0, which went to its first block (the reference hands out
+    the block it took last first, see test_an_allocation_hands_out_the_block_taken_last_first).
+    Its pass computes from 1 ms, and until that store completes it offers nothing to host:
+    its complete first block is block 0; then both its blocks go as one store (the fuzzer's
+    `offload` 563, `agg_offload_allocation_awaits_write`)."""
     offload = _offload_with_a_store_in_flight()
     second = _tracked(2, ((2, 4), (3, 4)), offload)
     first_key, second_key = _keys(second)
-    second.blocks = [5, 0]
-    offload.fence_allocation([5, 0])
+    second.blocks = [0, 5]
+    offload.fence_allocation([0, 5])
     assert offload.fence == 1.0
     second.num_computed = 7  # its first block complete, its second not yet
     offload.observe_computed(second, 0.5)
@@ -267,17 +268,34 @@ def test_a_prompt_given_a_block_still_being_copied_stores_nothing_until_the_copy
     assert offload.tier.deadline(1) == 3.0  # one 2 MB copy
 
 
-def test_a_prefix_found_in_an_allocation_awaiting_its_write_is_not_stored_either() -> None:
-    """Request 2's allocation (blocks 5 and 0) awaits request 1's store; request 3, admitted
-    in the same pass with the same first block, finds block 5 as its cached prefix. Its
-    own new block is free of any store, yet it does not store that prefix until the copy
-    ends (the fuzzer's `offload` 1469, `agg_offload_store_awaits_write`)."""
+def test_only_the_block_still_being_copied_holds_a_store_back() -> None:
+    """As above, but block 0 went to request 2's second (partial) block: its complete first
+    block, in block 5, goes to host at once. The reference refuses a store only a source
+    block whose capacity a copy still reads (the fuzzer's `offload` 1469,
+    `agg_offload_reused_capacity_order`)."""
     offload = _offload_with_a_store_in_flight()
     second = _tracked(2, ((2, 4), (3, 4)), offload)
+    first_key = _keys(second)[0]
     second.blocks = [5, 0]
     offload.fence_allocation([5, 0])
+    assert offload.fence == 1.0
+    second.num_computed = 7
+    offload.observe_computed(second, 0.5)
+    assert offload.tier.lookup(first_key) is Residency.PENDING
+
+
+def test_a_prefix_still_being_copied_is_not_stored_either() -> None:
+    """Request 2's allocation gives block 0, which request 1's store still reads, to its
+    first block; request 3, admitted in the same pass with the same first block, finds
+    block 0 as its cached prefix. Its own new block is free of any store, yet it does not
+    store that prefix until the copy ends (the fuzzer's `offload` 1469,
+    `agg_offload_store_awaits_write`)."""
+    offload = _offload_with_a_store_in_flight()
+    second = _tracked(2, ((2, 4), (3, 4)), offload)
+    second.blocks = [0, 5]
+    offload.fence_allocation([0, 5])
     third = _tracked(3, ((2, 4), (4, 4)), offload)
-    third.blocks = [5, 6]
+    third.blocks = [0, 6]
     offload.fence_allocation([6])
     third.num_computed = 7
     offload.observe_computed(third, 0.5)
@@ -348,3 +366,25 @@ def test_a_waiter_admitted_from_behind_the_connectors_front_is_tried_at_its_old_
     assert rank._offload_next() is b  # at its old entry, ahead of C
     rank._dequeue(b)
     assert rank._offload_next() is c
+
+
+def test_an_allocation_hands_out_the_block_taken_last_first() -> None:
+    """With a host tier, a request's new GPU blocks go to its positions in the reverse of
+    the order the pool gave them (free ones, then evicted ones, oldest first), as the
+    reference's pool hands out its reservation's capacity from the tail: which position
+    gets a block a store still reads decides what the request may store meanwhile."""
+    engine = parse_engine_args(
+        {
+            "block_size": 4,
+            "num_gpu_blocks": 8,
+            "kv_cache_bytes_per_token": 250_000,
+            "native_host_offload": {"num_host_blocks": 8},
+        }
+    )
+    rank = VllmScheduler(engine, PolynomialTiming(engine.total_kv_tokens, 1.0, 1.0))
+    request = EngineRequest(0, RunPrompt(((0, 12),), BlockContentCache()), 1)
+    rank.submit(request)
+    rank._allocate(request, 0, 3)
+    assert request.blocks == [2, 1, 0]
+    rank._allocate(request, 0, 4)  # one more block: nothing to reorder
+    assert request.blocks == [2, 1, 0, 3]

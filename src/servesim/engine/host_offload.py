@@ -18,9 +18,11 @@ adapter at three points of a pass, as the reference's vLLM core asks its
   prompt blocks that are not on host are prepared as one copy, submitted at
   the pass end. Until it completes, the GPU blocks it reads carry its id: a
   pass that reuses such a block for new tokens starts its compute only when
-  the copy is done, and a load into it starts only then. Every block of
-  such an allocation awaits its write until then: no store reads it, the
-  request's own or another's that found it as a cached prefix.
+  the copy is done, and a load into it starts only then. The block keeps
+  that id through its reuse: until the copy ends no store reads it, the
+  request's own or another's that found it as a cached prefix. (Which
+  position of an allocation gets such a block follows the reference's
+  order, see :meth:`~servesim.engine.vllm.VllmScheduler._allocate`.)
 
 Transfers complete at pass boundaries, or at their own deadline while the
 rank is idle (the worker's engine-owned deadlines).
@@ -124,9 +126,6 @@ class HostOffload:
         self._with_load: dict[int, _Load] = {}  # request uid -> its load (under way or done)
         # GPU blocks a store is still reading: block id -> the store's transfer id.
         self._copying: dict[int, int] = {}
-        # GPU blocks whose allocation awaits its write (some of its blocks were still being
-        # read by a store): block id -> the latest such store; stale once it completed.
-        self._awaiting: dict[int, int] = {}
         self._store_blocks: dict[int, list[int]] = {}
         self.reads_submitted = 0
         """Disk reads this rank's lookups submitted (a pass that submits one goes on at once)."""
@@ -347,7 +346,7 @@ class HostOffload:
             state.next_store = end
             return
         sources = [request.blocks[i] for i in missing]
-        if self.copying_any(sources) or (self._awaiting and self._awaits_write(sources)):
+        if self.copying_any(sources):
             return
         transfer = tier.prepare_store(keys[start:end], request.uid, self._client, now)
         if transfer is None:
@@ -367,43 +366,19 @@ class HostOffload:
         return not self._copying.keys().isdisjoint(blocks)
 
     def fence_allocation(self, blocks: list[int]) -> None:
-        """The new ``blocks`` of one allocation: compute waits for the stores still reading
-        any of them, and until the latest of those completes, every one of them awaits its
-        write: no store to host reads them, nor a store of another request that found them
-        as its cached prefix (see :meth:`observe_computed`), as the reference's allocation
-        awaits its write as a whole."""
-        awaiting = self._awaiting
-        latest = self._fence(blocks)
-        if latest is not None:
-            awaiting.update(dict.fromkeys(blocks, latest))
-        elif awaiting and not awaiting.keys().isdisjoint(blocks):
-            for block in blocks:  # used before, by an allocation that awaited a write
-                awaiting.pop(block, None)
-
-    def _fence(self, blocks: list[int]) -> int | None:
-        """Compute waits for the stores still reading ``blocks``; the latest of them (a
-        rank's stores share one FIFO lane, so it ends last), or None when none reads them."""
+        """The new ``blocks`` of one allocation: its compute waits for the stores still
+        reading any of them. Each such block stays tagged with its store until the copy
+        ends, so no store to host reads it meanwhile (see :meth:`observe_computed`): the
+        reference's G1 pool lets the pending read follow the capacity into the new copy
+        (``can_attach_source_reuse_dependency`` fails for that copy alone); the
+        allocation's other blocks may be stored at once."""
         if not self.copying_any(blocks):  # (mostly: a block being stored is rarely reused)
-            return None
-        copying = self._copying
-        latest = -1
+            return
+        copying, tier = self._copying, self.tier
         for block in blocks:
             tid = copying.get(block)
             if tid is not None:
-                self.fence = max(self.fence, self.tier.deadline(tid))
-                latest = max(latest, tid)
-        return latest
-
-    def _awaits_write(self, blocks: list[int]) -> bool:
-        """Whether one of ``blocks`` awaits its write (see :meth:`fence_allocation`)."""
-        awaiting, tier = self._awaiting, self.tier
-        for block in blocks:
-            tid = awaiting.get(block)
-            if tid is not None:
-                if tier.in_flight(tid):
-                    return True
-                del awaiting[block]
-        return False
+                self.fence = max(self.fence, tier.deadline(tid))
 
     def on_preempted(self, request: EngineRequest) -> None:
         """vLLM flushes a preempted request's store before its blocks are freed; the

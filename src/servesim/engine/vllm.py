@@ -1367,7 +1367,17 @@ class VllmScheduler:
             held = len(request.blocks) + len(prefix)
             if pool.allocate(request.blocks, prefix, num_new):
                 if self._offload is not None:
-                    self._offload.fence_allocation(request.blocks[held:])
+                    # The reference hands an allocation's fresh capacity out last taken
+                    # first (aisimulate's VllmBlockPool.allocate_private pops its
+                    # reservation's tail: the last block it evicted goes to the first new
+                    # position). Which position gets a block a store to host still reads
+                    # decides which of the request's blocks it cannot store until the copy
+                    # ends, so with a host tier the new blocks go in that order.
+                    fresh = request.blocks[held:]
+                    if len(fresh) > 1:
+                        fresh.reverse()
+                        request.blocks[held:] = fresh
+                    self._offload.fence_allocation(fresh)
                 return _SCHEDULED
             victim = self._pick_victim()
             if victim is None:
