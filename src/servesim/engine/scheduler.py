@@ -93,7 +93,8 @@ class RankGauges:
     preemptions: int
 
 
-@dataclass(slots=True, kw_only=True)
+# Its own __init__: one a pass, at half the cost of the generated one (default factories).
+@dataclass(slots=True, init=False)
 class PassResult:
     """What one rank's pass did; its outputs become visible at ``end_ms``.
 
@@ -124,17 +125,31 @@ class PassResult:
     """
 
     end_ms: float
-    admitted: list[tuple[EngineRequest, int]] = field(default_factory=list)
-    emitted: list[EngineRequest] = field(default_factory=list)
-    finished: list[EngineRequest] = field(default_factory=list)
-    rejected: list[EngineRequest] = field(default_factory=list)
-    preempted: list[EngineRequest] = field(default_factory=list)
-    progressed: bool = False
-    cohorts: list[tuple[float, int]] = field(default_factory=list)
-    seconds: list[EngineRequest] = field(default_factory=list)
-    bursts: bool = False
-    drafted: tuple[int, int] | None = None
-    cache_tokens: tuple[int, int] = (0, 0)
+    admitted: list[tuple[EngineRequest, int]]
+    emitted: list[EngineRequest]
+    finished: list[EngineRequest]
+    rejected: list[EngineRequest]
+    preempted: list[EngineRequest]
+    progressed: bool
+    cohorts: list[tuple[float, int]]
+    seconds: list[EngineRequest]
+    bursts: bool
+    drafted: tuple[int, int] | None
+    cache_tokens: tuple[int, int]
+
+    def __init__(self, *, end_ms: float) -> None:
+        self.end_ms = end_ms
+        self.admitted = []
+        self.emitted = []
+        self.finished = []
+        self.rejected = []
+        self.preempted = []
+        self.progressed = False
+        self.cohorts = []
+        self.seconds = []
+        self.bursts = False
+        self.drafted = None
+        self.cache_tokens = (0, 0)
 
 
 CatchUp = tuple[EngineRequest, int, float]

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections import deque
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -907,11 +908,13 @@ class VllmScheduler:
     def _schedule_due(self, request: EngineRequest, after: int) -> None:
         """File a member under its next pass after ``after`` with a block boundary or its end."""
         step = after + 1
-        base, bs = request.cohort_base, self.block_size
-        ahead = (-(base + step)) % bs  # to a new block for its token
-        if ahead and self._caching and (base + step) // bs < request.named_blocks:
+        computed, bs = request.cohort_base + step, self.block_size
+        ahead = -computed % bs  # to a new block for its token
+        if ahead and self._caching and computed // bs < request.named_blocks:
             ahead -= 1  # the pass before, its block becomes full (if others may match it)
-        due = min(step + ahead, request.finish_step)
+        due = step + ahead
+        if due > request.finish_step:  # (not min(): three times a request)
+            due = request.finish_step
         bucket = self._due.get(due)
         if bucket is None:
             self._due[due] = [request]
@@ -1653,5 +1656,5 @@ class VllmScheduler:
             hashes.append(chain(parent, generated_block_hash(request.salt, j)))
 
 
-def _admission_order(request: EngineRequest) -> int:
-    return request.seq
+_admission_order = operator.attrgetter("seq")
+"""A request's place in admission order (a sort key: attrgetter, a third of a function's cost)."""

@@ -41,7 +41,7 @@ end.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -79,7 +79,8 @@ _Queues = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
 """Each rank's running and waiting requests (uids), in order."""
 
 
-@dataclass(slots=True)
+# Its own __init__: one a pass, at half the cost of the generated one (default factories).
+@dataclass(slots=True, init=False)
 class PassOutputs:
     """What a worker's pass (or fast-forwarded window) made visible at its end.
 
@@ -100,14 +101,24 @@ class PassOutputs:
             :class:`~servesim.engine.scheduler.PassResult`).
     """
 
-    emitted: list[EngineRequest] = field(default_factory=list)
-    finished: list[EngineRequest] = field(default_factory=list)
-    ended_at: dict[int, float] = field(default_factory=dict)
-    rejected: list[EngineRequest] = field(default_factory=list)
-    cohorts: list[tuple[float, int, np.ndarray | None]] = field(default_factory=list)
-    catch_ups: list[CatchUp] = field(default_factory=list)
-    seconds: list[tuple[list[EngineRequest], float | None]] = field(default_factory=list)
-    bursts: bool = False
+    emitted: list[EngineRequest]
+    finished: list[EngineRequest]
+    ended_at: dict[int, float]
+    rejected: list[EngineRequest]
+    cohorts: list[tuple[float, int, np.ndarray | None]]
+    catch_ups: list[CatchUp]
+    seconds: list[tuple[list[EngineRequest], float | None]]
+    bursts: bool
+
+    def __init__(self) -> None:
+        self.emitted = []
+        self.finished = []
+        self.ended_at = {}
+        self.rejected = []
+        self.cohorts = []
+        self.catch_ups = []
+        self.seconds = []
+        self.bursts = False
 
 
 @dataclass(slots=True)
