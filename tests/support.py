@@ -92,19 +92,26 @@ def replay_disaggregated(
     decode_workers: int,
     fast_forward: bool = True,
     concurrency: int | None = None,
+    anonymous_prompts: bool = False,
 ) -> tuple[Collector, DisaggregatedFlow, RunOutcome]:
-    """Replay ``sessions`` on a prefill pool and a decode pool (round robin on each)."""
+    """Replay ``sessions`` on a prefill pool and a decode pool (round robin on each);
+    ``anonymous_prompts``: the decode ranks keep received prompts unnamed."""
     collector = Collector()
     admission = AdmissionQueue(sessions, concurrency=concurrency)
     ledger = Ledger(collector, admission, None)
     completions: list[tuple[float, Stage, int]] = []
     pools = [
         Pool(
-            stage, [Worker(i, config, fast_forward=fast_forward) for i in range(count)], completions
+            stage,
+            [
+                Worker(i, config, fast_forward=fast_forward, anonymous_prompts=anonymous)
+                for i in range(count)
+            ],
+            completions,
         )
-        for stage, config, count in (
-            (Stage.PREFILL, prefill, prefill_workers),
-            (Stage.DECODE, decode, decode_workers),
+        for stage, config, count, anonymous in (
+            (Stage.PREFILL, prefill, prefill_workers, False),
+            (Stage.DECODE, decode, decode_workers, anonymous_prompts),
         )
     ]
     flow = DisaggregatedFlow(pools[0], pools[1], prefill, decode, ledger)

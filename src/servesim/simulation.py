@@ -18,6 +18,7 @@ from servesim import __version__
 from servesim.cluster.flows import AggregatedFlow, KvObserver
 from servesim.cluster.runtime import Flow, Ledger, Pool, Runtime, ScalingPolicy, Stage
 from servesim.config import Backend, EngineConfig, RouterConfig
+from servesim.engine.vllm import NamedPromptsNeeded
 from servesim.engine.worker import Worker
 from servesim.errors import ConfigError
 from servesim.metrics.collector import Collector, RequestRecord
@@ -464,19 +465,24 @@ def _replay(
 ) -> Report:
     plan = _stream_plan(config)
     if plan is not None:
-        admission: Admission = StreamQueue(
-            plan,
-            trace_block_size=config.trace_block_size or DEFAULT_TRACE_BLOCK_SIZE,
-            concurrency=config.replay_concurrency,
-            speedup=config.arrival_speedup_ratio,
-        )
-        return _replay_with(
+        stream = plan  # (narrowed for the closure)
+
+        def streamed() -> Admission:
+            return StreamQueue(
+                stream,
+                trace_block_size=config.trace_block_size or DEFAULT_TRACE_BLOCK_SIZE,
+                concurrency=config.replay_concurrency,
+                speedup=config.arrival_speedup_ratio,
+            )
+
+        return _replay_once_or_twice(
             config,
-            admission,
+            streamed,
             (plan.rows, plan.rows),
             progress,
             scaling,
             ends_unobserved=config.replay_concurrency is None,  # one-turn requests
+            repeatable=config.trace_path != STDIN,
         )
     workload = _workload(config)
     engine = config.prefill_engine or config.engine
@@ -501,13 +507,80 @@ def _replay(
         counts = (len(workload), sum(len(s.turns) for s in workload))
         # An open loop of one-turn sessions releases nothing when a request ends.
         ends_unobserved = config.replay_concurrency is None and counts[0] == counts[1]
-    return _replay_with(
+    return _replay_once_or_twice(
         config,
-        _admission(config, workload),
+        lambda: _admission(config, workload),
         counts,
         progress,
         scaling,
         ends_unobserved=ends_unobserved,
+        repeatable=not isinstance(workload, AgenticGraph),  # (its queue grows the graph)
+    )
+
+
+def _replay_once_or_twice(
+    config: RunConfig,
+    admission: Callable[[], Admission],
+    counts: tuple[int, int],
+    progress: Callable[[int, int], None] | None,
+    scaling: ScalingPolicy | None,
+    *,
+    ends_unobserved: bool,
+    repeatable: bool,
+) -> Report:
+    """:func:`_replay_with` on a fresh ``admission()``, with the decode ranks keeping
+    received prompts unnamed where nothing reads their cache; run again with them named
+    if one of those ranks runs short of KV (see :mod:`servesim.engine.vllm`): the
+    same replay, and a faster one while their KV suffices. ``repeatable``: the
+    workload can be replayed twice (not one streamed from stdin)."""
+    anonymous = repeatable and _decode_cache_unread(config, scaling)
+    began = time.perf_counter()
+    try:
+        return _replay_with(
+            config,
+            admission(),
+            counts,
+            progress,
+            scaling,
+            ends_unobserved=ends_unobserved,
+            anonymous_prompts=anonymous,
+        )
+    except NamedPromptsNeeded:
+        assert anonymous
+    return _replay_with(
+        config,
+        admission(),
+        counts,
+        progress,
+        scaling,
+        ends_unobserved=ends_unobserved,
+        began=began,  # (the wall time counts both runs)
+    )
+
+
+def _decode_cache_unread(config: RunConfig, scaling: ScalingPolicy | None) -> bool:
+    """Whether nothing but a shortage of KV on a decode rank shows what it keeps cached.
+
+    Its reused prefixes change no transfer (``full_prompt`` timing) and are reported
+    nowhere (no telemetry, planner or scaling reads its counts); it publishes no KV
+    events, routing is round robin, and a plain vLLM engine (no host or disk tier, no
+    speculative decoding) caches nothing else.
+    """
+    prefill, decode = config.prefill_engine, config.decode_engine
+    return (
+        config.disaggregated
+        and prefill is not None
+        and decode is not None
+        and prefill.kv_transfer_timing_mode == "full_prompt"
+        and config.router_mode == "round_robin"
+        and config.telemetry_interval_ms is None
+        and config.planner is None
+        and scaling is None
+        and decode.backend is Backend.VLLM
+        and decode.enable_prefix_caching
+        and decode.native_host_offload is None
+        and decode.g3_offload is None
+        and decode.aic_nextn is None
     )
 
 
@@ -519,9 +592,14 @@ def _replay_with(
     scaling: ScalingPolicy | None,
     *,
     ends_unobserved: bool = False,
+    anonymous_prompts: bool = False,
+    began: float | None = None,
 ) -> Report:
     """Replay ``admission``'s requests; ``counts``: the workload's sessions (or plays) and
-    requests; ``ends_unobserved``: the admission releases nothing when a request ends."""
+    requests; ``ends_unobserved``: the admission releases nothing when a request ends;
+    ``anonymous_prompts``: the decode ranks keep received prompts unnamed; ``began``:
+    the ``perf_counter`` time an earlier run of the same replay began (its wall time
+    counts too)."""
     sessions, total = counts
     hook = None if progress is None else functools.partial(_report_progress, progress, total)
     engine = config.prefill_engine or config.engine
@@ -542,6 +620,7 @@ def _replay_with(
         disk,
         shared_host,
         ends_unobserved=ends_unobserved and scaling is None,
+        anonymous_prompts=anonymous_prompts,
     )
     telemetry = None
     if config.telemetry_interval_ms is not None:
@@ -559,7 +638,7 @@ def _replay_with(
     runtime = Runtime(
         flow, admission, ledger, completions, telemetry, scaling, split_at_ticks=planner is not None
     )
-    started = time.perf_counter()
+    started = time.perf_counter() if began is None else began
     outcome = runtime.run(config.max_sim_time_ms)
     wall_ms = (time.perf_counter() - started) * 1000.0
     cost = cost_of(outcome.worker_seconds)
@@ -841,6 +920,7 @@ def _flow(
     shared_host: HostTier | None,
     *,
     ends_unobserved: bool = False,
+    anonymous_prompts: bool = False,
 ) -> tuple[Flow, CostOf]:
     """The flow the config asks for, and how to price its worker-seconds (``disk``: the
     deployment's disk KV tier, under its aggregated workers' host tiers)."""
@@ -935,7 +1015,13 @@ def _flow(
 
     def decode_worker(i: int) -> Worker:
         return Worker(
-            i, decode, fast_forward=fast, gauges=gauges, fpm=fpm, shared_host=clients.of(decode)
+            i,
+            decode,
+            fast_forward=fast,
+            gauges=gauges,
+            fpm=fpm,
+            shared_host=clients.of(decode),
+            anonymous_prompts=anonymous_prompts,
         )
 
     prefill_pool = Pool(

@@ -37,6 +37,23 @@ Any other pass first materialises the cohort (:meth:`VllmScheduler._sync`)
 and runs the loop above. Members' tokens are reported as one count per pass
 (their shared gap), and each member's token count and last token time as a
 catch-up when it leaves.
+
+**Unnamed received prompts** (``anonymous_prompts``, a decode rank that
+publishes nothing and reads nothing of its cache). A decode rank reuses the
+resident prefix of a prompt it reserves, yet what it keeps cached shows only
+when its KV runs short: a reuse then lets a reservation or a block fit that
+would not fit otherwise. Until then the rank may keep every received prompt
+as its request's own blocks, with no hash, no prefix look-up and no
+per-block caching, release or eviction, and do exactly what it would do
+with them named: shared blocks count once when named, so a named rank
+always has at least the room an unnamed one has, and every allocation that
+fits unnamed fits named. The first time the pool of such a rank refuses an
+allocation (a reservation, or a block for a running request), it raises
+:class:`NamedPromptsNeeded` and the replay is run again with the prompts
+named; so does a pass it cannot run as a cohort for want of blocks (where a
+named rank might, see :meth:`VllmScheduler._schedule_cohort`). A window it
+stops short of a block it could not supply is followed by a refusal: its
+members take that block in the next stepped pass, and none ends before.
 """
 
 from __future__ import annotations
@@ -87,6 +104,11 @@ _SCHEDULED, _BLOCKED = _Outcome.SCHEDULED, _Outcome.BLOCKED
 _CURRENT_PREEMPTED = _Outcome.CURRENT_PREEMPTED
 _WAITING, _RUNNING = Status.WAITING, Status.RUNNING
 _PREEMPTED, _FINISHED = Status.PREEMPTED, Status.FINISHED
+
+
+class NamedPromptsNeeded(Exception):
+    """A decode rank keeping received prompts unnamed ran short of KV (see the module
+    docstring): the replay must be run again with every received prompt named."""
 
 
 class VllmScheduler:
@@ -188,6 +210,9 @@ class VllmScheduler:
         # Set by the worker when nothing outside the rank reacts to a request's end before
         # a window's end: windows may then run past members' last tokens (plan_decode).
         self.windows_span_finishes = False
+        # Set by the worker on a decode rank whose cache nothing reads until its KV runs
+        # short: received prompts then stay unnamed (see the module docstring).
+        self.anonymous_prompts = False
         # Per-pass scratch state, reset by execute_pass.
         self._budget = 0
         self._batch = [0, 0, 0]  # prompts scheduled, sum of isl, sum of prefix
@@ -289,6 +314,8 @@ class VllmScheduler:
             # request's whole footprint fits beside every promise already made.
             if -(-self._footprint(request) // bs) > self._no_evict_room():
                 return None
+        elif self.anonymous_prompts:
+            request.named_blocks = 0  # its own blocks, unhashed, released as one run
         elif self._caching:
             if self._offload is not None:
                 request.named_blocks = ALL_BLOCKS  # its prompt blocks may be stored to host
@@ -297,6 +324,7 @@ class VllmScheduler:
             hits, _ = self.pool.match_prefix(request.hashes, limit)
         fresh = -(-request.prompt_len // bs) - hits
         if not self.pool.allocate(request.blocks, request.hashes[:hits], fresh):
+            self._kv_short()
             return None
         if self._offload is not None and self._offload.copying_any(request.blocks[hits:]):
             # Never receive KV into blocks a store to host is still reading: retried
@@ -843,6 +871,7 @@ class VllmScheduler:
         if blocks + len(due) > spare:  # (a due member needs one block at most: count them)
             blocks += sum(1 for r in due if (r.cohort_base + step) % bs == 0)
             if blocks > spare:
+                self._kv_short()  # (stepping may leave the requests behind without budget)
                 return False
         if due:
             self._take_due(step)  # (sorts them in running order)
@@ -1382,12 +1411,19 @@ class VllmScheduler:
                         request.blocks[held:] = fresh
                     self._offload.fence_allocation(fresh)
                 return _SCHEDULED
+            self._kv_short()
             victim = self._pick_victim()
             if victim is None:
                 return _BLOCKED
             self._preempt(victim)
             if victim is request:
                 return _CURRENT_PREEMPTED
+
+    def _kv_short(self) -> None:
+        """The pool refused blocks: a rank keeping received prompts unnamed cannot tell
+        whether it would have with them named."""
+        if self.anonymous_prompts:
+            raise NamedPromptsNeeded
 
     def _pick_victim(self) -> EngineRequest | None:
         running = self.running
@@ -1544,6 +1580,7 @@ class VllmScheduler:
                 needed += -(-(request.length + burst) // bs) - -(-request.length // bs)
             if self.pool.allocate(reserved, [], needed):
                 break
+            self._kv_short()
             victim = self._pick_victim()
             if victim is None:
                 return self._pass_end(now, prefill, 0.0)

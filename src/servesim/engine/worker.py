@@ -183,10 +183,13 @@ class Worker:
         gauges: bool = False,
         fpm: bool = False,
         deferred_ends: bool = False,
+        anonymous_prompts: bool = False,
     ) -> None:
         """``deferred_ends``: nothing outside the worker reacts to a request's end before
         it is delivered, so windows may run past last tokens (see the module docstring);
-        not with gauges or forward-pass metrics, which count each pass's members."""
+        not with gauges or forward-pass metrics, which count each pass's members.
+        ``anonymous_prompts``: a decode worker's ranks keep received prompts unnamed
+        until their KV runs short (see :mod:`servesim.engine.vllm`)."""
         self.worker_id = worker_id
         self.config = config
         self.fast_forward = fast_forward
@@ -208,6 +211,11 @@ class Worker:
             for rank in self.ranks:
                 if isinstance(rank, VllmScheduler):
                     rank.windows_span_finishes = True
+        if anonymous_prompts:
+            assert not (gauges or fpm), "gauges and FPMs read the cache"
+            for rank in self.ranks:
+                assert isinstance(rank, VllmScheduler), "only a vLLM rank keeps prompts unnamed"
+                rank.anonymous_prompts = True
         self.has_disk = disk is not None  # a disk tier under the ranks' host tier
         if disk is not None:
             for rank in self.ranks:
