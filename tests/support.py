@@ -32,7 +32,7 @@ from servesim.router.kv_router import KvRouter
 from servesim.router.routing import KvPolicy, PlacementPolicy, RoundRobinPolicy
 from servesim.simulation import Report
 from servesim.workload.admission import AdmissionQueue
-from servesim.workload.request import Session
+from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
 
 HANDOFF_TIMELINE = (
     "source_held_ms",
@@ -117,6 +117,23 @@ def replay_disaggregated(
     flow = DisaggregatedFlow(pools[0], pools[1], prefill, decode, ledger)
     outcome = Runtime(flow, admission, ledger, completions).run()
     return collector, flow, outcome
+
+
+def sessions_of_ids(reqs: Sequence[tuple[Sequence[int], int, float]]) -> list[Session]:
+    """One-turn sessions of (hash ids, output tokens, arrival ms): trace prompts of 8-token
+    ids, each 2 tokens short of its ids' capacity."""
+    cache = BlockContentCache()
+    return [
+        Session(
+            turns=[
+                RequestSpec(
+                    prompt=TracePrompt(tuple(ids), 8, len(ids) * 8 - 2, cache), output_length=out
+                )
+            ],
+            start_ms=arrival,
+        )
+        for ids, out, arrival in reqs
+    ]
 
 
 def write_trace(path: Path, rows: Sequence[tuple[float, int, int, Sequence[int]]]) -> Path:

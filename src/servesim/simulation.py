@@ -514,7 +514,7 @@ def _replay(
         progress,
         scaling,
         ends_unobserved=ends_unobserved,
-        repeatable=not isinstance(workload, AgenticGraph),  # (its queue grows the graph)
+        repeatable=not isinstance(workload, AgenticGraph),
     )
 
 
@@ -532,10 +532,12 @@ def _replay_once_or_twice(
     received prompts unnamed where nothing reads their cache; run again with them named
     if one of those ranks runs short of KV (see :mod:`servesim.engine.vllm`): the
     same replay, and a faster one while their KV suffices. ``repeatable``: the
-    workload can be replayed twice (not one streamed from stdin)."""
+    workload can be replayed twice (not one streamed from stdin, nor an agentic
+    graph, into whose requests its queue writes their lanes as it runs)."""
     anonymous = repeatable and _decode_cache_unread(config, scaling)
     began = time.perf_counter()
-    try:
+
+    def attempt(*, anonymous_prompts: bool, since: float | None) -> Report:
         return _replay_with(
             config,
             admission(),
@@ -543,19 +545,15 @@ def _replay_once_or_twice(
             progress,
             scaling,
             ends_unobserved=ends_unobserved,
-            anonymous_prompts=anonymous,
+            anonymous_prompts=anonymous_prompts,
+            began=since,
         )
+
+    try:
+        return attempt(anonymous_prompts=anonymous, since=None)
     except NamedPromptsNeeded:
         assert anonymous
-    return _replay_with(
-        config,
-        admission(),
-        counts,
-        progress,
-        scaling,
-        ends_unobserved=ends_unobserved,
-        began=began,  # (the wall time counts both runs)
-    )
+    return attempt(anonymous_prompts=False, since=began)  # (the wall time counts both runs)
 
 
 def _decode_cache_unread(config: RunConfig, scaling: ScalingPolicy | None) -> bool:

@@ -24,9 +24,9 @@ from servesim.engine.vllm import NamedPromptsNeeded, VllmScheduler
 from servesim.errors import SimulationError
 from servesim.metrics.collector import RequestRecord
 from servesim.simulation import Report
-from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
+from servesim.workload.request import Session
 from servesim.workload.sharing import mark_shared_blocks
-from tests.support import HANDOFF_TIMELINE, replay_disaggregated
+from tests.support import HANDOFF_TIMELINE, replay_disaggregated, sessions_of_ids
 
 TRACE = Path(__file__).parent.parent / "data" / "mooncake_conversation_head1500.jsonl"
 FIELDS = (*HANDOFF_TIMELINE, "second_token_ms", "output_length", "terminal_status", "worker")
@@ -42,18 +42,7 @@ def facts(records: list[RequestRecord]) -> list[tuple[Any, ...]]:
 
 
 def sessions_of(reqs: list[tuple[list[int], int, float]]) -> list[Session]:
-    cache = BlockContentCache()
-    sessions = [
-        Session(
-            turns=[
-                RequestSpec(
-                    prompt=TracePrompt(tuple(ids), 8, len(ids) * 8 - 2, cache), output_length=out
-                )
-            ],
-            start_ms=arrival,
-        )
-        for ids, out, arrival in reqs
-    ]
+    sessions = sessions_of_ids(reqs)
     mark_shared_blocks(sessions, 4)
     return sessions
 

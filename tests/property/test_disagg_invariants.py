@@ -17,9 +17,8 @@ from hypothesis import strategies as st
 from servesim.config import Backend, EngineConfig, HostOffloadConfig, Role
 from servesim.engine.roles import DestinationRole, SourceRole
 from servesim.metrics.collector import Terminal
-from servesim.workload.request import BlockContentCache, RequestSpec, Session, TracePrompt
 from servesim.workload.sharing import mark_shared_blocks
-from tests.support import replay_disaggregated
+from tests.support import replay_disaggregated, sessions_of_ids
 
 requests = st.lists(
     st.tuples(
@@ -30,21 +29,6 @@ requests = st.lists(
     min_size=1,
     max_size=20,
 )
-
-
-def sessions_of(reqs: list[tuple[list[int], int, float]]) -> list[Session]:
-    cache = BlockContentCache()
-    return [
-        Session(
-            turns=[
-                RequestSpec(
-                    prompt=TracePrompt(tuple(ids), 8, len(ids) * 8 - 2, cache), output_length=out
-                )
-            ],
-            start_ms=arrival,
-        )
-        for ids, out, arrival in reqs
-    ]
 
 
 def servable(reqs: list[tuple[list[int], int, float]], decode: EngineConfig) -> bool:
@@ -128,7 +112,7 @@ def test_every_handoff_ends_once_and_frees_its_kv(
     """Each request ends once, completed with all its tokens; no handoff, KV block or reservation outlives the run."""
     prefill, decode = engines
     assume(servable(reqs, decode))
-    sessions = sessions_of(reqs)
+    sessions = sessions_of_ids(reqs)
     mark_shared_blocks(sessions, 4)
     collector, flow, _ = replay_disaggregated(
         sessions, prefill, decode, prefill_workers=prefill_workers, decode_workers=decode_workers
@@ -197,7 +181,7 @@ def test_fast_forward_changes_no_disaggregated_record(
     assume(servable(reqs, decode))
     runs = []
     for fast in (True, False):
-        sessions = sessions_of(reqs)
+        sessions = sessions_of_ids(reqs)
         if fast:
             mark_shared_blocks(sessions, 4)
         collector, _, _ = replay_disaggregated(
