@@ -47,11 +47,13 @@ def sessions_of(reqs: list[tuple[list[int], int, float]]) -> list[Session]:
     return sessions
 
 
-def engines(blocks: int, seqs: int | None, preemption: str) -> tuple[EngineConfig, EngineConfig]:
+def engines(
+    blocks: int, seqs: int | None, preemption: str, budget: int
+) -> tuple[EngineConfig, EngineConfig]:
     common: dict[str, Any] = {
         "block_size": 4,
         "num_gpu_blocks": blocks,
-        "max_num_batched_tokens": 32,
+        "max_num_batched_tokens": budget,
     }
     return (
         EngineConfig(worker_type=Role.PREFILL, **common),
@@ -75,6 +77,7 @@ def engines(blocks: int, seqs: int | None, preemption: str) -> tuple[EngineConfi
     blocks=st.integers(14, 80),  # from a decode pool that runs short to one that never does
     seqs=st.one_of(st.none(), st.integers(1, 4)),
     preemption=st.sampled_from(["lifo", "fifo"]),
+    budget=st.sampled_from([2, 3, 8, 32]),  # (a small one leaves requests without tokens)
     decode_workers=st.integers(1, 2),
     fast_forward=st.booleans(),
 )
@@ -83,10 +86,11 @@ def test_unnamed_prompts_give_the_named_records_or_ask_for_names(
     blocks: int,
     seqs: int | None,
     preemption: str,
+    budget: int,
     decode_workers: int,
     fast_forward: bool,
 ) -> None:
-    prefill, decode = engines(blocks, seqs, preemption)
+    prefill, decode = engines(blocks, seqs, preemption, budget)
 
     def outcome(anonymous: bool) -> tuple[list[tuple[Any, ...]], dict[str, float]] | str:
         """The records and the token gaps' statistics (batched as the passes came), or
