@@ -465,19 +465,15 @@ def _replay(
 ) -> Report:
     plan = _stream_plan(config)
     if plan is not None:
-        stream = plan  # (narrowed for the closure)
-
-        def streamed() -> Admission:
-            return StreamQueue(
-                stream,
+        return _replay_once_or_twice(
+            config,
+            functools.partial(
+                StreamQueue,
+                plan,
                 trace_block_size=config.trace_block_size or DEFAULT_TRACE_BLOCK_SIZE,
                 concurrency=config.replay_concurrency,
                 speedup=config.arrival_speedup_ratio,
-            )
-
-        return _replay_once_or_twice(
-            config,
-            streamed,
+            ),
             (plan.rows, plan.rows),
             progress,
             scaling,
@@ -535,9 +531,9 @@ def _replay_once_or_twice(
     workload can be replayed twice (not one streamed from stdin, nor an agentic
     graph, into whose requests its queue writes their lanes as it runs)."""
     anonymous = repeatable and _decode_cache_unread(config, scaling)
-    began = time.perf_counter()
+    first = time.perf_counter()
 
-    def attempt(*, anonymous_prompts: bool, since: float | None) -> Report:
+    def attempt(*, anonymous_prompts: bool, began: float | None) -> Report:
         return _replay_with(
             config,
             admission(),
@@ -546,14 +542,14 @@ def _replay_once_or_twice(
             scaling,
             ends_unobserved=ends_unobserved,
             anonymous_prompts=anonymous_prompts,
-            began=since,
+            began=began,
         )
 
     try:
-        return attempt(anonymous_prompts=anonymous, since=None)
+        return attempt(anonymous_prompts=anonymous, began=None)
     except NamedPromptsNeeded:
         assert anonymous
-    return attempt(anonymous_prompts=False, since=began)  # (the wall time counts both runs)
+    return attempt(anonymous_prompts=False, began=first)  # (the wall time counts both runs)
 
 
 def _decode_cache_unread(config: RunConfig, scaling: ScalingPolicy | None) -> bool:
