@@ -81,19 +81,23 @@ class PolynomialTiming:
 
     def prefill_ms(self, batch: int, isl: int, prefix: int) -> float:
         """See :class:`TimingModel`."""
-        t = batch * max(isl - prefix, 0)
+        new = isl - prefix
+        t = batch * new if new > 0 else 0
         if batch == 0 or t == 0:
             return 0.0
         ms = 4.209989e-07 * (t * t) + 1.518344e-02 * t + 16.50142
-        return max(ms, 0.0)
+        return 0.0 if ms < 0.0 else ms
 
     def decode_ms(self, batch: int, active_kv_tokens: int, context: int) -> float:
         """See :class:`TimingModel`."""
         if batch == 0:
             return 0.0
         # Shared blocks count once in the pool but in every request's context: clamp at full.
-        p = min(active_kv_tokens / self._total, 1.0) if self._total else 1.0
-        return max(-25.74 * (p * p) + 54.01 * p + 5.74, 1.0)
+        p = active_kv_tokens / self._total if self._total else 1.0
+        if p > 1.0:
+            p = 1.0
+        ms = -25.74 * (p * p) + 54.01 * p + 5.74
+        return 1.0 if ms < 1.0 else ms
 
     def decode_series(self, batch: int, first_total: int, passes: int) -> np.ndarray:
         """See :class:`TimingModel`; the same operations as :meth:`decode_ms`, element-wise."""

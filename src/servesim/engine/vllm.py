@@ -506,10 +506,12 @@ class VllmScheduler:
         members, step, bs = self._members, self._step, self.block_size
         n = len(members)
         finishes = [r.finish_step for r in members]
-        passes = min(limit, min(finishes) - step)
+        first = min(finishes) - step
+        passes = first if first < limit else limit
         pool = self.pool
         if self.windows_span_finishes and pool.events is None and not self.waiting:
-            through = min(limit, max(finishes) - step)
+            last = max(finishes) - step
+            through = last if last < limit else limit
             if through > passes:
                 return self._plan_through_finishes(through)
         # Pass j of the plan (step + 1 + j) gives a member a block when its
@@ -1288,7 +1290,8 @@ class VllmScheduler:
             # needed). TensorRT-LLM reuses every cached block.
             length = request.length
             limit = length // bs if self._no_evict else (length - 1) // bs
-            limit = min(limit, request.named_blocks)
+            if request.named_blocks < limit:
+                limit = request.named_blocks
             self._ensure_hashes(request, limit)
             hits, active_hits = self.pool.match_prefix(request.hashes, limit)
             if self._sampler is not None and not self._no_evict and hits:
@@ -1345,12 +1348,13 @@ class VllmScheduler:
         bs = self.block_size
         cached = request.pending_cached if request.num_computed == 0 else 0
         computed_before = request.num_computed + cached
-        prompt_before = min(computed_before, request.prompt_len)
+        prompt_len = request.prompt_len
+        prompt_before = prompt_len if prompt_len < computed_before else computed_before
         remaining = request.length - computed_before
         budget = self._budget
-        if not self.config.enable_chunked_prefill and request.prompt_len - prompt_before > budget:
+        if not self.config.enable_chunked_prefill and prompt_len - prompt_before > budget:
             return _BLOCKED
-        desired = min(remaining, budget)
+        desired = budget if budget < remaining else remaining
         if desired == 0 and remaining > 0:
             return _BLOCKED
         target = computed_before + desired
@@ -1361,7 +1365,7 @@ class VllmScheduler:
         full_before, full_after = computed_before // bs, target // bs
         if self._caching and full_after > full_before:
             self._cache_blocks(request, full_before, full_after)
-        prompt_tokens = min(target, request.prompt_len) - prompt_before
+        prompt_tokens = (prompt_len if prompt_len < target else target) - prompt_before
         batch = self._batch
         if prompt_tokens > 0:
             if request.generated:  # a preempted request recomputing prompt and output
@@ -1439,7 +1443,7 @@ class VllmScheduler:
         Blocks past ``named_blocks`` stay unhashed: the pool keeps them as the
         request's own until it releases them (see :meth:`release_kv`).
         """
-        named_end = min(end, request.named_blocks)
+        named_end = request.named_blocks if request.named_blocks < end else end
         if named_end > start:
             self._ensure_hashes(request, named_end)
             self.pool.cache(request.blocks, request.hashes, start, named_end)

@@ -331,7 +331,7 @@ class Worker:
         if window is None:
             return None
         done = int(window.ends.searchsorted(now, side="right" if started else "left"))
-        passes = min(max(1, done + 1), len(window.ends))
+        passes = done + 1 if done < len(window.ends) else len(window.ends)  # (done >= 0)
         return self._apply(window, passes, ended=passes - 1)
 
     def visible_by(self, limit: float) -> PassOutputs:
@@ -411,7 +411,8 @@ class Worker:
                     ran.append(rank)
                     admitted += result.admitted
                     progressed |= result.progressed
-                    end = max(end, result.end_ms)
+                    if result.end_ms > end:
+                        end = result.end_ms
             if progressed or any(rank.role.reservation_due() for rank in ran):
                 break
             if not _retry_at_same_instant(ran):

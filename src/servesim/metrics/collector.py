@@ -448,7 +448,8 @@ class Collector:
             record.first_admit_ms = now
             record.first_admission_reused_input_tokens = reused_tokens
             record.first_admission_host_reused_input_tokens = host_tokens
-        record.reused_input_tokens = max(record.reused_input_tokens, reused_tokens)
+        if reused_tokens > record.reused_input_tokens:
+            record.reused_input_tokens = reused_tokens
 
     def on_token(self, record: RequestRecord, now: float) -> None:
         """One output token was emitted at ``now``."""

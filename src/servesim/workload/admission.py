@@ -101,7 +101,8 @@ class AdmissionQueue:
         if self._inactive and self._concurrency is not None and self._active < self._concurrency:
             return now
         start = self._starts[self._next_start][0]
-        return min(start, self._heap[0][0]) if self._heap else start
+        heap = self._heap
+        return heap[0][0] if heap and heap[0][0] < start else start
 
     def release(self, now: float) -> list[Released]:
         """Requests ready at or before ``now``, in release order."""

@@ -178,7 +178,7 @@ class BlockPool:
                 return hits, active
             if refs[block]:
                 active += 1
-        return min(limit, len(hashes)), active
+        return (len(hashes) if len(hashes) < limit else limit), active
 
     def removals_of_oldest(self, count: int) -> list[BlockHash | None]:
         """For evicting the ``count`` oldest inactive blocks in turn: the hash each
@@ -255,7 +255,7 @@ class BlockPool:
         self._inactive -= taken
         if num_new <= 0:
             return True
-        table += self._take_free(num_new - max(shortfall, 0))
+        table += self._take_free(num_new - shortfall if shortfall > 0 else num_new)
         if shortfall > 0:
             # Evicted blocks join the free list's tail: the new blocks are the free ones, then them.
             table += self._evict_oldest(shortfall)
@@ -291,7 +291,9 @@ class BlockPool:
             refs[block] += 1
 
     def _take_free(self, count: int) -> list[BlockId]:
-        fresh = min(count, self.capacity - self._next_id)
+        fresh = self.capacity - self._next_id
+        if count < fresh:
+            fresh = count
         if fresh > 0:
             start = self._next_id
             self._next_id = start + fresh
@@ -367,9 +369,12 @@ class BlockPool:
             cached_to: see ``exclusive_from``.
         """
         refs, queue, free = self._refs, self._queue, self._free
-        start = len(table) if exclusive_from is None else min(exclusive_from, len(table))
-        if start < len(table):
-            cached = max(start, min(cached_to, len(table)))
+        size = len(table)
+        start = size if exclusive_from is None or exclusive_from > size else exclusive_from
+        if start < size:
+            cached = size if cached_to > size else cached_to
+            if cached < start:
+                cached = start
             free += table[: cached - 1 : -1] if cached else table[::-1]
             if cached > start:
                 run = table[start:cached]  # (the table's tail goes first)
