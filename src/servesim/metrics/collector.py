@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-import operator
+import struct
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -201,23 +201,49 @@ FACT_FIELDS = (
 )
 """The record attributes the summary and the series are computed from."""
 
-_facts_of = operator.attrgetter(*FACT_FIELDS)
 _WIDTH = len(FACT_FIELDS) + 2  # then the terminal code and the uid
+_pack_row = struct.Struct(f"{_WIDTH}d").pack
 
 
-def _row(r: RequestRecord) -> list[float]:
-    """A record's facts as one row of doubles (NaN: None; terminal: -1 or its index)."""
-    row = [math.nan if v is None else v for v in _facts_of(r)]
-    row.append(-1 if r.terminal_status is None else _TERMINALS.index(r.terminal_status))
-    row.append(r.uid)
-    return row
+def _row(r: RequestRecord) -> bytes:
+    """A record's facts as one row of doubles (NaN: None; terminal: -1 or its index), packed.
+
+    Field by field in :data:`FACT_FIELDS`' order (a test holds the two together),
+    since this runs once a request: an ``attrgetter`` and ``array.fromlist`` (which
+    parses each item) cost three times as much.
+    """
+    nan, terminal = math.nan, r.terminal_status
+    return _pack_row(
+        r.arrival_time_ms,
+        r.queue_wait_ms,
+        nan if (first_admit := r.first_admit_ms) is None else first_admit,
+        nan if (first_token := r.first_token_ms) is None else first_token,
+        nan if (second_token := r.second_token_ms) is None else second_token,
+        nan if (last_token := r.last_token_ms) is None else last_token,
+        nan if (terminal_time := r.terminal_time_ms) is None else terminal_time,
+        r.input_length,
+        r.output_length,
+        r.reused_input_tokens,
+        r.first_admission_reused_input_tokens,
+        nan if (decode_reused := r.decode_reused_input_tokens) is None else decode_reused,
+        nan if (decode_worker := r.decode_worker_idx) is None else decode_worker,
+        nan if (prefill_worker := r.prefill_worker_idx) is None else prefill_worker,
+        nan if (prefill_admit := r.prefill_admit_ms) is None else prefill_admit,
+        nan if (source_held := r.source_held_ms) is None else source_held,
+        nan if (source_released := r.source_released_ms) is None else source_released,
+        nan if (reserved := r.destination_reserved_ms) is None else reserved,
+        nan if (activated := r.destination_activated_ms) is None else activated,
+        nan if (decode_admit := r.decode_admit_ms) is None else decode_admit,
+        -1 if terminal is None else _TERMINALS.index(terminal),
+        r.uid,
+    )
 
 
 def facts_of(records: Iterable[RequestRecord], sealed: array[float] | None = None) -> Facts:
     """The facts of ``records`` (and of the ``sealed`` rows of others), in uid order."""
     rows = array("d") if sealed is None else array("d", sealed)
     for record in records:
-        rows.fromlist(_row(record))
+        rows.frombytes(_row(record))
     table = np.frombuffer(rows, dtype=np.float64).reshape(-1, _WIDTH)
     return Facts(table[np.argsort(table[:, -1], kind="stable")])
 
@@ -509,4 +535,4 @@ class Collector:
         """An ended request's record changes no more: keep its facts (and drop it, unless
         records are kept)."""
         if not self._keep:
-            self._rows.fromlist(_row(self._open.pop(record.uid)))  # twice extend's speed
+            self._rows.frombytes(_row(self._open.pop(record.uid)))
