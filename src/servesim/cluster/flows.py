@@ -35,13 +35,8 @@ def route_request(
         full = prompt.length // block_size
         shared = full if spec.shared_blocks is None else min(spec.shared_blocks, full)
         hashes = prompt.sequence_hashes(block_size, shared)
-    return RouteRequest(
-        uid=uid,
-        isl=prompt.length,
-        blocks=-(-prompt.length // block_size),
-        hashes=hashes,
-        session=spec.affinity_key,
-    )
+    isl = prompt.length
+    return RouteRequest(uid, isl, -(-isl // block_size), hashes, spec.affinity_key)
 
 
 class KvObserver:
@@ -241,12 +236,10 @@ class AggregatedFlow:
                 record.best_available_overlap_blocks = routed.best_overlap_blocks
                 for window in self._ledger.windows:
                     window.on_routed(routed.overlap_blocks, route.blocks)
+            # (By position: keywords make a class call build and unpack a dict, ~500
+            # instructions each.)
             request = EngineRequest(
-                routed.uid,
-                spec.prompt,
-                spec.output_length,
-                shared_blocks=spec.shared_blocks,
-                sequence=spec.sequence,
+                routed.uid, spec.prompt, spec.output_length, spec.shared_blocks, spec.sequence
             )
             request.hashes = route.hashes.copy()
             self._pool.submit(routed.worker, routed.rank, request, now)

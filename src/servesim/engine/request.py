@@ -39,6 +39,10 @@ class Status(IntEnum):
     FINISHED = 3
 
 
+# (A module constant: an enum member read off its class costs ~900 instructions.)
+_WAITING = Status.WAITING
+
+
 class EngineRequest:
     """One request inside a rank's scheduler.
 
@@ -77,10 +81,10 @@ class EngineRequest:
         uid: int,
         prompt: Prompt,
         max_output: int,
-        *,
-        salt: int | None = None,
         shared_blocks: int | None = None,
         sequence: Prompt | None = None,
+        *,
+        salt: int | None = None,
     ) -> None:
         self.uid = uid
         self.prompt = prompt
@@ -98,7 +102,7 @@ class EngineRequest:
         # Of the prefix its latest admission reused, the tokens loaded from a host tier
         # (None: its rank has no host tier).
         self.host_reused: int | None = None
-        self.status = Status.WAITING
+        self.status = _WAITING
         # Admission order on its rank (running order); see VllmScheduler's decode cohort
         # for the other three, which hold a lazily advanced decoder's progress.
         self.seq = 0

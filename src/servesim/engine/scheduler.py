@@ -137,7 +137,7 @@ class PassResult:
     drafted: tuple[int, int] | None
     cache_tokens: tuple[int, int]
 
-    def __init__(self, *, end_ms: float) -> None:
+    def __init__(self, end_ms: float) -> None:
         self.end_ms = end_ms
         self.admitted = []
         self.emitted = []

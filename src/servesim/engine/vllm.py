@@ -359,7 +359,7 @@ class VllmScheduler:
 
     def execute_pass(self, now: float) -> PassResult:
         """Decide and apply one pass starting at ``now``; see the module docstring."""
-        result = self._result = PassResult(end_ms=now)
+        result = self._result = PassResult(now)  # (by position: see EngineRequest's)
         self._budget = self._max_tokens
         self._batch = [0, 0, 0]
         self._scheduled = {}
@@ -658,7 +658,7 @@ class VllmScheduler:
         # the plan's shape, which a steady workload plans again and again.
         shape = (
             passes,
-            tuple(sorted((r.finish_step - step, r.cohort_base + step) for r in members)),
+            tuple(sorted([(r.finish_step - step, r.cohort_base + step) for r in members])),
         )
         priced = self._stretch_plans.get(shape)
         if priced is None:
@@ -900,8 +900,9 @@ class VllmScheduler:
                 self._scheduled[request] = (1, -1, 0)
             else:
                 self._advance_member(request, step)
-        self._result.seconds = [r for r in self._fresh if r in members]
-        self._fresh = []
+        if self._fresh:  # (most passes have none: no comprehension to call)
+            self._result.seconds = [r for r in self._fresh if r in members]
+            self._fresh = []
         return True
 
     def _take_due(self, step: int) -> list[EngineRequest]:
@@ -1498,7 +1499,9 @@ class VllmScheduler:
         # Members emit as one count; the others in running order.
         candidates = self.running
         if members:  # a cohort pass: its other requests, then those admitted after them
-            candidates = self._emitting + [request for request, _ in self._result.admitted]
+            candidates = self._emitting  # (built for this pass: extended in place)
+            for request, _ in self._result.admitted:
+                candidates.append(request)
         for request in candidates:
             length = request.prompt_len + request.generated
             if request.num_computed != length:

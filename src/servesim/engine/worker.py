@@ -680,15 +680,16 @@ class Worker:
             ends = durations.copy()
             ends[0] += now
             ends = _running_sum(ends)
-        self._window = _Window(plans=plans, ends=ends, start=now)
+        self._window = _Window(plans, ends, now)
         self._serial += 1
         self._valid_passes = passes
-        self._removals = [
-            ScheduledRemoval(float(ends[j]), self.ranks.index(rank), self._serial, j, h)
-            for rank, plan in plans
-            for j, h in plan.removals
-            if j < passes
-        ]
+        removals: list[ScheduledRemoval] = []  # (only with KV events: loops, not a comprehension)
+        for rank, plan in plans:
+            for j, h in plan.removals:
+                if j < passes:
+                    index = self.ranks.index(rank)
+                    removals.append(ScheduledRemoval(float(ends[j]), index, self._serial, j, h))
+        self._removals = removals
         self.busy_until = float(ends[-1])
         return self.busy_until
 
@@ -759,6 +760,7 @@ def _collect(results: list[PassResult], out: PassOutputs) -> None:
         out.bursts |= result.bursts
         out.finished += result.finished
         out.rejected += result.rejected
-        out.cohorts += [(prev_end, members, None) for prev_end, members in result.cohorts]
+        for prev_end, members in result.cohorts:  # (a loop: a comprehension is a call)
+            out.cohorts.append((prev_end, members, None))
         if result.seconds:
             out.seconds.append((result.seconds, None))

@@ -24,7 +24,7 @@ from servesim.router.queue import RouterQueue
 from servesim.router.round_robin import RoundRobinRouter
 
 
-@dataclass(slots=True, kw_only=True)  # not frozen: one a request, and a frozen init costs 3.7x
+@dataclass(slots=True)  # one a request: not frozen (a frozen init costs 3.7x), built by position
 class Routed:
     """A request placed on ``worker``'s rank ``rank`` at ``at_ms`` (after ``queued_ms`` in the router queue)."""
 
@@ -78,7 +78,7 @@ class RoundRobinPolicy:
     def place(self, request: RouteRequest, now: float, *, priority: int = 0) -> list[Routed]:
         """See :class:`PlacementPolicy`."""
         worker, rank = self._rr.place()
-        return [Routed(uid=request.uid, worker=worker, rank=rank, at_ms=now)]
+        return [Routed(request.uid, worker, rank, now)]
 
     def prefill_completed(self, uid: int, now: float) -> list[Routed]:
         """See :class:`PlacementPolicy`: nothing to release."""
