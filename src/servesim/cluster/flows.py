@@ -158,15 +158,17 @@ class AggregatedFlow:
         ledger = self._ledger
         for request, reused in admitted:
             ledger.collector.on_admit(ledger.record(request.uid), now, reused, request.host_reused)
-        self._observe(worker, now)
+        if self._observer is not None:
+            self._observer.observe(worker, now)
 
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
         ledger, policy = self._ledger, self._policy
         ledger.deliver_tokens(outputs, now)
-        self._observe(worker, now)
-        if self._observer is not None:
-            self._observer.catch_up(now)
+        observer = self._observer
+        if observer is not None:
+            observer.observe(worker, now)
+            observer.catch_up(now)
         # Each request's signal in pass order, with the queue releases it triggers: a
         # first token completes a prefill, a last one ends the request.
         watched = policy.watches_progress
@@ -203,7 +205,8 @@ class AggregatedFlow:
 
     def on_own_work(self, pool: Pool, worker: Worker, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`: its KV events (host copies stored)."""
-        self._observe(worker, now)
+        if self._observer is not None:
+            self._observer.observe(worker, now)
 
     def settle(self, now: float, *, workers_driven: bool) -> bool:
         """See :class:`~servesim.cluster.runtime.Flow`: nothing of its own."""
@@ -243,8 +246,5 @@ class AggregatedFlow:
             )
             request.hashes = route.hashes.copy()
             self._pool.submit(routed.worker, routed.rank, request, now)
-            self._observe(self._pool.workers[routed.worker], now)
-
-    def _observe(self, worker: Worker, now: float) -> None:
-        if self._observer is not None:
-            self._observer.observe(worker, now)
+            if self._observer is not None:
+                self._observer.observe(self._pool.workers[routed.worker], now)
