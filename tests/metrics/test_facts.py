@@ -32,7 +32,7 @@ def test_each_fact_lands_in_its_own_column() -> None:
 OPTIONAL = [name for name in FACT_FIELDS if getattr(_record(0), name) is None]
 
 
-def test_the_optional_facts_are_those_the_record_types_so() -> None:
+def test_six_facts_are_known_from_the_arrival_on() -> None:
     assert set(FACT_FIELDS) - set(OPTIONAL) == {
         "arrival_time_ms",
         "queue_wait_ms",
