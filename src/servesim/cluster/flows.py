@@ -239,8 +239,8 @@ class AggregatedFlow:
                 record.best_available_overlap_blocks = routed.best_overlap_blocks
                 for window in self._ledger.windows:
                     window.on_routed(routed.overlap_blocks, route.blocks)
-            # (By position: keywords make a class call build and unpack a dict, ~500
-            # instructions each.)
+            # (By position: keywords make a class call pack them into a dict its __init__
+            # unpacks, see docs/architecture.md.)
             request = EngineRequest(
                 routed.uid, spec.prompt, spec.output_length, spec.shared_blocks, spec.sequence
             )

@@ -359,7 +359,7 @@ class VllmScheduler:
 
     def execute_pass(self, now: float) -> PassResult:
         """Decide and apply one pass starting at ``now``; see the module docstring."""
-        result = self._result = PassResult(now)  # (by position: see EngineRequest's)
+        result = self._result = PassResult(now)  # (by position: docs/architecture.md)
         self._budget = self._max_tokens
         self._batch = [0, 0, 0]
         self._scheduled = {}
