@@ -685,9 +685,9 @@ class Worker:
         self._valid_passes = passes
         removals: list[ScheduledRemoval] = []  # (only with KV events: loops, not a comprehension)
         for rank, plan in plans:
+            index = self.ranks.index(rank) if plan.removals else -1  # (once a plan)
             for j, h in plan.removals:
                 if j < passes:
-                    index = self.ranks.index(rank)
                     removals.append(ScheduledRemoval(float(ends[j]), index, self._serial, j, h))
         self._removals = removals
         self.busy_until = float(ends[-1])
