@@ -58,3 +58,30 @@ def test_the_command_runs_on_one_thread(tmp_path: Path) -> None:
     if (os.cpu_count() or 1) > 1:
         env["OPENBLAS_NUM_THREADS"] = "2"
         assert _threads_once_numpy_loaded(env, tmp_path / "b.json") == 2
+
+
+def test_a_plain_replay_loads_only_what_it_uses(tmp_path: Path) -> None:
+    """Telemetry, agentic graphs, streamed traces, the SGLang engine, the trace toolkit
+    and OpenSSL's hashes (file digests) load when a replay uses them: ~8 ms of every
+    start-up a plain synthetic replay would otherwise pay."""
+    argv = [
+        *("replay", "--input-tokens", "100", "--output-tokens", "10", "--request-count", "5"),
+        *("--arrival-interval-ms", "10", "--quiet", "--report-json", str(tmp_path / "r.json")),
+    ]
+    code = (
+        "import sys; from servesim import cli; assert cli.main(sys.argv[1:]) == 0; "
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    loaded = set(out.stdout.split())
+    assert "servesim.engine.vllm" in loaded  # (it did replay)
+    unused = {
+        "servesim.metrics.telemetry",
+        "servesim.workload.agentic",
+        "servesim.workload.stream",
+        "servesim.workload.toolkit",
+        "servesim.engine.sglang",
+        "hashlib",
+    }
+    assert not unused & loaded

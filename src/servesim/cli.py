@@ -37,9 +37,8 @@ from servesim.metrics.report import read_report_json, write_lines, write_samples
 from servesim.metrics.summary import Sla
 from servesim.presets import PRESETS
 from servesim.simulation import RunConfig, SyntheticWorkload, run
-from servesim.workload.formats import FORMATS, TraceOptions, canonical_format
+from servesim.workload.formats import CSV_FORMATS, FORMATS, TraceOptions, canonical_format
 from servesim.workload.mooncake import STDIN
-from servesim.workload.toolkit import CSV_FORMATS, convert_to_mooncake, render_stats, trace_stats
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)")
 
@@ -756,6 +755,8 @@ def _source_format(text: str) -> str:
 
 def _trace_command(args: argparse.Namespace) -> int:
     """``servesim trace stats`` / ``servesim trace convert``."""
+    from servesim.workload.toolkit import convert_to_mooncake, render_stats, trace_stats
+
     options = TraceOptions(
         trace_format=args.trace_format if args.trace_format not in CSV_FORMATS else "mooncake",
         trace_block_size=args.trace_block_size,

@@ -8,7 +8,6 @@ replay's flag names with every default filled in, engine and router keys resolve
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -80,6 +79,8 @@ def file_digest(path: Path) -> dict[str, Any]:
     Raises:
         OSError: the file cannot be read.
     """
+    import hashlib  # (it loads OpenSSL: ~4 ms of a start-up a synthetic replay never needs)
+
     digest = hashlib.sha256()
     size = 0
     with path.open("rb") as handle:
@@ -125,4 +126,6 @@ def config_key(settings: dict[str, Any], inputs: list[dict[str, Any]], version: 
         sort_keys=True,
         separators=(",", ":"),
     )
+    import hashlib  # (see file_digest)
+
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -7,6 +7,7 @@ import gc
 import math
 import os
 import random
+import sys
 import time  # only to report the host's wall time beside the simulated results (never the sim clock)
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -32,7 +33,6 @@ from servesim.metrics.report import (
 from servesim.metrics.series import PoolShape, build_series
 from servesim.metrics.stats import describe
 from servesim.metrics.summary import Cost, Sla, summarize
-from servesim.metrics.telemetry import Telemetry, TrafficWindow
 from servesim.provenance import input_files, provenance
 from servesim.router.affinity import MODES as AFFINITY_MODES
 from servesim.router.affinity import SessionAffinity
@@ -41,7 +41,6 @@ from servesim.router.kv_router import KvRouter
 from servesim.router.round_robin import RoundRobinRouter
 from servesim.router.routing import KvPolicy, PlacementPolicy, RoundRobinPolicy
 from servesim.workload.admission import Admission, AdmissionQueue
-from servesim.workload.agentic import AgenticGraph, AgenticQueue
 from servesim.workload.formats import (
     DEFAULT_TRACE_BLOCK_SIZE,
     TraceOptions,
@@ -51,13 +50,16 @@ from servesim.workload.formats import (
 from servesim.workload.mooncake import STDIN
 from servesim.workload.request import Session
 from servesim.workload.sharing import mark_shared_blocks, names_any
-from servesim.workload.stream import StreamPlan, StreamQueue, stream_plan
 from servesim.workload.synthetic import synthetic_sessions
 
+# What only some replays use loads when one does (the KV tiers, the planner, telemetry,
+# agentic graphs, streamed traces, the HTML page): a start-up costs what it uses.
 if TYPE_CHECKING:
     from servesim.cluster.planner import PlannerConfig
     from servesim.engine.kv.disk_tier import DiskTier
     from servesim.engine.kv.host_tier import HostTier
+    from servesim.workload.agentic import AgenticGraph, AgenticQueue
+    from servesim.workload.stream import StreamPlan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -256,7 +258,7 @@ def _workload(config: RunConfig) -> list[Session] | AgenticGraph:
                 closed_loop=config.replay_concurrency is not None,
             ),
         )
-        if isinstance(workload, AgenticGraph):
+        if not isinstance(workload, list):  # an agentic graph, not sessions
             _check_agentic(config)
         elif config.agentic_lanes is not None:
             raise ConfigError("--agentic-lanes applies to agentic traces only")
@@ -346,13 +348,21 @@ def _round_robin_pools(config: RunConfig, sessions: list[Session]) -> list[int] 
 
 
 def _admission(config: RunConfig, workload: list[Session] | AgenticGraph) -> Admission:
-    if isinstance(workload, AgenticGraph):
-        return AgenticQueue(
-            workload, lanes=config.agentic_lanes, speedup=config.arrival_speedup_ratio
+    if isinstance(workload, list):
+        return AdmissionQueue(
+            workload, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
         )
-    return AdmissionQueue(
-        workload, concurrency=config.replay_concurrency, speedup=config.arrival_speedup_ratio
-    )
+    from servesim.workload.agentic import AgenticQueue
+
+    return AgenticQueue(workload, lanes=config.agentic_lanes, speedup=config.arrival_speedup_ratio)
+
+
+def _agentic_queue(admission: Admission) -> AgenticQueue | None:
+    """``admission`` if it replays an agentic graph (there is none unless the agentic
+    module has loaded: asking does not load it)."""
+    agentic = sys.modules.get("servesim.workload.agentic")
+    queue: type[AgenticQueue] | None = None if agentic is None else agentic.AgenticQueue
+    return admission if queue is not None and isinstance(admission, queue) else None
 
 
 def _trajectory_summary(queue: AgenticQueue, target_model: str) -> dict[str, Any]:
@@ -455,6 +465,8 @@ def _stream_plan(config: RunConfig) -> StreamPlan | None:
                 return None
         except OSError:
             return None  # reading it reports the problem
+    from servesim.workload.stream import stream_plan
+
     return stream_plan(trace, closed_loop=config.replay_concurrency is not None)
 
 
@@ -465,6 +477,8 @@ def _replay(
 ) -> Report:
     plan = _stream_plan(config)
     if plan is not None:
+        from servesim.workload.stream import StreamQueue
+
         return _replay_once_or_twice(
             config,
             functools.partial(
@@ -485,7 +499,7 @@ def _replay(
     if engine.backend is not Backend.SGLANG:
         # The vLLM block pool hashes only blocks another request could match (the
         # radix cache keys every page by its content, so SGLang needs no such look-ahead).
-        if isinstance(workload, AgenticGraph):
+        if not isinstance(workload, list):  # an agentic graph
             mark_shared_blocks([Session(turns=[n.spec for n in workload.nodes])], engine.block_size)
         else:
             predictable = names_any(workload) and scaling is None
@@ -496,13 +510,13 @@ def _replay(
                 mark_shared_blocks(workload, engine.block_size, prefill_pools=pools)
             else:
                 mark_shared_blocks(workload, engine.block_size, pools=pools)
-    if isinstance(workload, AgenticGraph):
-        counts = (len(workload.plays), len(workload.nodes))
-        ends_unobserved = False
-    else:
+    if isinstance(workload, list):
         counts = (len(workload), sum(len(s.turns) for s in workload))
         # An open loop of one-turn sessions releases nothing when a request ends.
         ends_unobserved = config.replay_concurrency is None and counts[0] == counts[1]
+    else:  # an agentic graph
+        counts = (len(workload.plays), len(workload.nodes))
+        ends_unobserved = False
     return _replay_once_or_twice(
         config,
         lambda: _admission(config, workload),
@@ -510,7 +524,7 @@ def _replay(
         progress,
         scaling,
         ends_unobserved=ends_unobserved,
-        repeatable=not isinstance(workload, AgenticGraph),
+        repeatable=isinstance(workload, list),  # (not an agentic graph)
     )
 
 
@@ -618,11 +632,14 @@ def _replay_with(
     )
     telemetry = None
     if config.telemetry_interval_ms is not None:
+        from servesim.metrics.telemetry import Telemetry, TrafficWindow
+
         ledger.windows.append(TrafficWindow())
         telemetry = Telemetry(config.telemetry_interval_ms, ledger.windows[-1])
     planner = None
     if config.planner is not None:
         from servesim.cluster.planner import Planner
+        from servesim.metrics.telemetry import TrafficWindow
 
         ledger.windows.append(TrafficWindow())
         engines = {pool.stage: pool.workers[0].config for pool in flow.pools}
@@ -642,9 +659,10 @@ def _replay_with(
         summary["g3_offload"] = disk.summary()
     if shared_host is not None:
         summary["g2_domains"] = [shared_host.occupancy()]
-    if isinstance(admission, AgenticQueue):
+    agentic = _agentic_queue(admission)
+    if agentic is not None:
         assert config.execution_model is not None
-        summary.update(_trajectory_summary(admission, config.execution_model))
+        summary.update(_trajectory_summary(agentic, config.execution_model))
     sections: dict[str, Any] = {"telemetry": telemetry.section()} if telemetry is not None else {}
     if planner is not None:
         sections["planner"] = planner.section(runtime.transitions())

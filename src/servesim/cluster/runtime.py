@@ -48,14 +48,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, IntEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from servesim.engine.request import EngineRequest
 from servesim.engine.worker import PassOutputs, Worker
 from servesim.errors import SimulationError
 from servesim.metrics.collector import Collector, RequestRecord, Terminal
-from servesim.metrics.telemetry import PoolView, Telemetry, TrafficWindow
 from servesim.workload.admission import Admission, Released
+
+if TYPE_CHECKING:  # (telemetry loads when a replay samples, or plans)
+    from servesim.metrics.telemetry import PoolView, Telemetry, TrafficWindow
 
 ProgressHook = Callable[[int], None]
 
@@ -277,6 +279,8 @@ class Pool:
 
     def view(self) -> PoolView:
         """The pool as a telemetry sample sees it."""
+        from servesim.metrics.telemetry import PoolView
+
         workers = self.workers
         return PoolView(
             active=[workers[i] for i in self.ids(WorkerState.ACTIVE)],

@@ -58,19 +58,23 @@ from servesim.engine.scheduler import (
     RankGauges,
     RankScheduler,
 )
-from servesim.engine.sglang import SglangScheduler
 from servesim.engine.timing import make_timing
 from servesim.engine.vllm import VllmScheduler
 
 if TYPE_CHECKING:
     from servesim.engine.kv.disk_tier import DiskTier
     from servesim.engine.kv.host_tier import HostTier
+    from servesim.engine.sglang import SglangScheduler
 
-_SCHEDULERS: dict[Backend, type[VllmScheduler] | type[SglangScheduler]] = {
-    Backend.VLLM: VllmScheduler,
-    Backend.TRTLLM: VllmScheduler,  # under the no-evict policy
-    Backend.SGLANG: SglangScheduler,
-}
+
+def _scheduler(backend: Backend) -> type[VllmScheduler] | type[SglangScheduler]:
+    """The rank scheduler a backend's workers run (SGLang's module loads with its first)."""
+    if backend is Backend.SGLANG:
+        from servesim.engine.sglang import SglangScheduler
+
+        return SglangScheduler
+    return VllmScheduler  # (TensorRT-LLM: vLLM's core under the no-evict policy)
+
 
 MAX_WINDOW = 4096
 """Most passes one window plans (bounds the arrays; a longer stretch takes several windows)."""
@@ -195,7 +199,7 @@ class Worker:
         self.fast_forward = fast_forward
         timing = make_timing(config)
         # With kv_events, each rank records its KV events for a router to drain (see take_events).
-        scheduler = _SCHEDULERS[config.backend]
+        scheduler = _scheduler(config.backend)
         self.ranks: list[RankScheduler] = [
             scheduler(
                 config,
@@ -710,6 +714,8 @@ def _retry_at_same_instant(ran: list[RankScheduler]) -> bool:
     budget goes) finds, or their floor when none does, and the pass is run again
     (if one does).
     """
+    from servesim.engine.sglang import SglangScheduler  # (loaded, unless no rank is one)
+
     ranks = [rank for rank in ran if isinstance(rank, SglangScheduler)]
     if not any(rank.ratio_lowered for rank in ranks):
         return False

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 FORMATS = ("mooncake", "mooncake-delta", "applied_compute_agentic", "agentic_mooncake", "dynamo")
 """The trace formats servesim reads, the default first."""
 
+CSV_FORMATS = ("azure", "burstgpt")
+"""Public trace CSVs ``servesim trace convert`` reads (besides servesim's own formats)."""
+
 ALIASES = {"mooncake_delta": "mooncake-delta", "agentic-mooncake": "agentic_mooncake"}
 """Other spellings the reference accepts."""
 

@@ -33,12 +33,9 @@ from typing import IO, Any, cast
 from servesim.errors import TraceError
 from servesim.metrics.stats import describe
 from servesim.workload.agentic import AgenticGraph
-from servesim.workload.formats import TraceOptions, canonical_format, read_trace
+from servesim.workload.formats import CSV_FORMATS, TraceOptions, canonical_format, read_trace
 from servesim.workload.mooncake import label, open_trace
 from servesim.workload.request import RequestSpec, Session, TracePrompt
-
-CSV_FORMATS = ("azure", "burstgpt")
-"""Public trace CSVs ``convert`` reads (besides servesim's own formats)."""
 
 _BUCKETS = 10
 
