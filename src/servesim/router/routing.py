@@ -73,11 +73,12 @@ class RoundRobinPolicy:
     watches_progress = False
 
     def __init__(self, dp_sizes: list[int], *, worker_major: bool = False) -> None:
-        self._rr = RoundRobinRouter(dp_sizes, worker_major=worker_major)
+        self.rotation = RoundRobinRouter(dp_sizes, worker_major=worker_major)
+        """The rotation: a flow may place from it directly (it reads nothing of a request)."""
 
     def place(self, request: RouteRequest, now: float, *, priority: int = 0) -> list[Routed]:
         """See :class:`PlacementPolicy`."""
-        worker, rank = self._rr.place()
+        worker, rank = self.rotation.place()
         return [Routed(request.uid, worker, rank, now)]
 
     def prefill_completed(self, uid: int, now: float) -> list[Routed]:
@@ -95,7 +96,7 @@ class RoundRobinPolicy:
 
     def set_routable(self, workers: list[tuple[int, int]], now: float) -> list[Routed]:
         """See :class:`PlacementPolicy`."""
-        self._rr.set_workers(workers)
+        self.rotation.set_workers(workers)
         return []
 
 
