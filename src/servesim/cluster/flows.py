@@ -140,7 +140,7 @@ class AggregatedFlow:
         self._observer = observer
         self._unplaced: dict[int, tuple[RequestSpec, RouteRequest]] = {}
         # Round robin places a request at once and reads nothing of it: admit builds
-        # no router's view of it and no placement (about 7,000 instructions a request).
+        # no router's view of it and no placement (about 9,500 instructions a request).
         self._rotation = policy.rotation if isinstance(policy, RoundRobinPolicy) else None
 
     def admit(self, record: RequestRecord, released: Released, now: float) -> None:

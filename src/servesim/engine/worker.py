@@ -714,7 +714,7 @@ def _retry_at_same_instant(ran: list[RankScheduler]) -> bool:
     budget goes) finds, or their floor when none does, and the pass is run again
     (if one does).
     """
-    from servesim.engine.sglang import SglangScheduler  # (loaded, unless no rank is one)
+    from servesim.engine.sglang import SglangScheduler  # (already loaded if a rank is one)
 
     ranks = [rank for rank in ran if isinstance(rank, SglangScheduler)]
     if not any(rank.ratio_lowered for rank in ranks):
