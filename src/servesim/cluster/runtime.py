@@ -449,6 +449,42 @@ class RunOutcome:
 class Runtime:
     """Drives the flow, its pools and the admission queue through virtual time."""
 
+    # Slots, not a dict: past 30 attributes an instance's dict no longer shares its
+    # class's keys, and CPython 3.11 then specialises no call of a method on it.
+    __slots__ = (
+        "_completions",
+        "_deadlines",
+        "_disk",
+        "_drives",
+        "_flow_timers",
+        "_last_drive",
+        "_last_drive_at",
+        "_last_natural",
+        "_own_work",
+        "_pools",
+        "_priced_counts",
+        "_priced_ms",
+        "_readies",
+        "_round_changed",
+        "_scaled",
+        "_shared_own_work",
+        "_split_at_ticks",
+        "_split_ends",
+        "_stalls_broken_at",
+        "_tick_at",
+        "_ticks",
+        "_timed",
+        "_wakeables",
+        "_wakes",
+        "_worker_seconds",
+        "admission",
+        "flow",
+        "ledger",
+        "now",
+        "scaling",
+        "telemetry",
+    )
+
     def __init__(
         self,
         flow: Flow,
