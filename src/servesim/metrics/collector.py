@@ -457,16 +457,14 @@ class Collector:
         """Every request's facts so far (ended, sealed or not, and in flight)."""
         return facts_of(self.records if self._keep else self._open.values(), self._rows)
 
-    @staticmethod
-    def on_route(record: RequestRecord, worker: int, dp_rank: int, dp_size: int) -> None:
+    def on_route(self, record: RequestRecord, worker: int, dp_rank: int, dp_size: int) -> None:
         """The request was placed on ``worker``'s rank ``dp_rank`` (of ``dp_size``)."""
         record.worker = worker
         record.dp_rank = dp_rank
         record.decode_worker_idx = worker * dp_size + dp_rank
 
-    @staticmethod
     def on_admit(
-        record: RequestRecord, now: float, reused_tokens: int, host_tokens: int | None = None
+        self, record: RequestRecord, now: float, reused_tokens: int, host_tokens: int | None = None
     ) -> None:
         """A rank admitted the request (again, after a preemption) reusing cached tokens,
         ``host_tokens`` of them loaded from its host tier (None: it has none)."""
@@ -500,8 +498,7 @@ class Collector:
         """
         self._gaps.add(gap, count)
 
-    @staticmethod
-    def on_second_token(record: RequestRecord, at: float) -> None:
+    def on_second_token(self, record: RequestRecord, at: float) -> None:
         """A cohort member that joined with its first token on its rank got its next at ``at``.
 
         It is the request's second token unless an earlier stage gave it one.
@@ -509,8 +506,7 @@ class Collector:
         if record.output_length == 1:
             record.second_token_ms = at
 
-    @staticmethod
-    def on_catch_up(record: RequestRecord, tokens: int, last_ms: float) -> None:
+    def on_catch_up(self, record: RequestRecord, tokens: int, last_ms: float) -> None:
         """A request's ``tokens`` tokens counted by :meth:`on_shared_gap`, the last at ``last_ms``."""
         assert record.output_length >= 1, "a cohort member joins after a token"
         record.output_length += tokens
