@@ -61,7 +61,9 @@ from __future__ import annotations
 import heapq
 import math
 import operator
+from bisect import bisect_left
 from collections import deque
+from collections.abc import Iterable
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -573,9 +575,7 @@ class VllmScheduler:
         # matters only if the free blocks may run out (evictions, or preemption).
         needs: list[int] = []
         if n * (passes // bs + 1) > pool.num_free:
-            needs = sorted(
-                j for r in members for j in range((-(r.cohort_base + step + 1)) % bs, passes, bs)
-            )
+            needs = _block_passes(members, step, bs, passes)
             spare = pool.num_free + pool.num_inactive
             if len(needs) > spare:
                 passes = needs[spare]
@@ -586,7 +586,7 @@ class VllmScheduler:
         removals: list[tuple[int, int]] = []
         if pool.events is not None and needs:
             # Allocations past the free list evict the oldest inactive blocks, in order.
-            evicting = [j for j in needs[pool.num_free :] if j < passes]
+            evicting = needs[pool.num_free : bisect_left(needs, passes)]
             published = pool.removals_of_oldest(len(evicting))
             removals = [(j, h) for j, h in zip(evicting, published, strict=True) if h is not None]
         return DecodePlan(
@@ -697,23 +697,19 @@ class VllmScheduler:
         members = self._members
         spare = pool.num_free + pool.num_inactive
         if len(members) * (passes // bs + 1) > spare:
-            needs = sorted(
-                j
-                for r in members
-                for j in range(
-                    (-(r.cohort_base + step + 1)) % bs, min(passes, r.finish_step - step), bs
-                )
-            )
+            needs = _block_passes(members, step, bs, passes)
             if len(needs) > spare:
                 passes = needs[spare]
         if passes < 2:
             return None
         # Each member's passes to its last token and its length, both from this pass on:
-        # the plan's shape, which a steady workload plans again and again.
-        shape = (
-            passes,
-            tuple(sorted([(r.finish_step - step, r.cohort_base + step) for r in members])),
-        )
+        # the plan's shape, which a steady workload plans again and again. (A loop: a
+        # comprehension would make ``step`` a cell, allocated at every call.)
+        leaving = []
+        for r in members:
+            leaving.append((r.finish_step - step, r.cohort_base + step))  # noqa: PERF401
+        leaving.sort()
+        shape = (passes, tuple(leaving))
         priced = self._stretch_plans.get(shape)
         if priced is None:
             if len(self._stretch_plans) >= 256:
@@ -925,7 +921,9 @@ class VllmScheduler:
             return False
         spare = pool.num_free + pool.num_inactive
         if blocks + len(due) > spare:  # (a due member needs one block at most: count them)
-            blocks += sum(1 for r in due if (r.cohort_base + step) % bs == 0)
+            for r in due:  # (a loop: a generator would make ``step`` and ``bs`` cells)
+                if (r.cohort_base + step) % bs == 0:
+                    blocks += 1
             if blocks > spare:
                 self._kv_short()  # (stepping may leave the requests behind without budget)
                 return False
@@ -955,7 +953,7 @@ class VllmScheduler:
             else:
                 self._advance_member(request, step)
         if self._fresh:  # (most passes have none: no comprehension to call)
-            self._result.seconds = [r for r in self._fresh if r in members]
+            self._result.seconds = list(filter(members.__contains__, self._fresh))
             self._fresh = []
         return True
 
@@ -1756,3 +1754,23 @@ class VllmScheduler:
 
 _admission_order = operator.attrgetter("seq")
 """A request's place in admission order (a sort key: attrgetter, a third of a function's cost)."""
+
+
+def _block_passes(
+    members: Iterable[EngineRequest], step: int, block_size: int, passes: int
+) -> list[int]:
+    """The passes of a plan of ``passes`` from pass ``step + 1`` on (0-based) in which a
+    member gets a new block, ascending, once a block: none past a member's last token.
+
+    (Not inline: a comprehension that reads its caller's locals makes them cells,
+    allocated at every call of the caller, though this runs only when blocks may run out.)
+    """
+    return sorted(
+        j
+        for r in members
+        for j in range(
+            (-(r.cohort_base + step + 1)) % block_size,
+            min(passes, r.finish_step - step),
+            block_size,
+        )
+    )

@@ -433,13 +433,7 @@ class Worker:
         self.busy_until = end
         _collect(results, self._outputs)
         if self.fpms is not None:  # every rank reports the group's pass time
-            wall = (self.busy_until - now) / 1000.0
-            self._fpm_in_flight = [
-                replace(_vllm(rank).fpm, wall_time_s=wall)
-                if rank in ran
-                else ForwardPass(wall_time_s=wall)
-                for rank in self.ranks
-            ]
+            self._fpm_in_flight = self._pass_fpms(ran, (self.busy_until - now) / 1000.0)
         if self.published is not None:
             self._forwards_in_flight = _decode_forwards(results)
             self._cache_in_flight = (
@@ -448,6 +442,17 @@ class Worker:
             )
         self._take_catch_ups()
         return end, admitted
+
+    def _pass_fpms(self, ran: list[RankScheduler], wall: float) -> list[ForwardPass]:
+        """Each rank's forward-pass metrics of a stepped group pass of ``wall`` seconds (an
+        idle rank's: zeros with the pass's time). (Not inline: a comprehension that reads
+        a caller's locals makes them cells, allocated at every call of the caller.)"""
+        return [
+            replace(_vllm(rank).fpm, wall_time_s=wall)
+            if rank in ran
+            else ForwardPass(wall_time_s=wall)
+            for rank in self.ranks
+        ]
 
     def _repeats_effect_free(self, now: float, results: list[PassResult]) -> bool:
         """Whether a pass that took no time, emitted nothing and only admitted or preempted
