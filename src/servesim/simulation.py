@@ -339,7 +339,7 @@ def _round_robin_pools(config: RunConfig, sessions: list[Session]) -> list[int] 
     pools = [0] * len(sessions)
     now = -math.inf
     while not admission.drained():
-        now = admission.next_ready_ms(now)
+        now = max(now, admission.ready_ms)
         for released in admission.release(now):
             worker, rank = rotation.place()
             pools[released.session] = worker * dp_size + rank

@@ -52,7 +52,7 @@ def test_dispatch_dependency_releases_child_its_delay_after_parent_dispatch() ->
     )
     first = queue.release(0.0)
     assert _ids(queue, first) == ["root"]
-    assert queue.next_ready_ms(0.0) == 5.0
+    assert queue.ready_ms == 5.0
     assert queue.release(4.999) == []
     assert _ids(queue, queue.release(5.0)) == ["child"]
 
@@ -63,9 +63,9 @@ def test_completion_dependency_waits_for_the_end_plus_delay() -> None:
         _graph(("a", "p", 0.0, []), ("b", "p", 0.0, [("a", Trigger.COMPLETION, 15.0, "sequence")]))
     )
     released = queue.release(0.0)
-    assert queue.next_ready_ms(0.0) == float("inf")
+    assert queue.ready_ms == float("inf")
     _end(queue, released, "a", 30.0)
-    assert queue.next_ready_ms(30.0) == 45.0
+    assert queue.ready_ms == 45.0
     assert _ids(queue, queue.release(45.0)) == ["b"]
 
 
@@ -93,9 +93,9 @@ def test_join_is_ready_at_the_latest_of_its_dependencies() -> None:
     kids = queue.release(25.0)
     assert _ids(queue, kids) == ["c0", "c1"]
     _end(queue, kids, "c1", 40.0)
-    assert queue.next_ready_ms(40.0) == float("inf")  # c0 still runs
+    assert queue.ready_ms == float("inf")  # c0 still runs
     _end(queue, kids, "c0", 50.0)
-    assert queue.next_ready_ms(50.0) == 52.0
+    assert queue.ready_ms == 52.0
     join = queue.release(52.0)
     _end(queue, join, "join", 60.0)
     assert queue.drained()
@@ -106,7 +106,7 @@ def test_roots_start_at_not_before_and_trajectory_counts_from_there() -> None:
     """Without lanes a play starts at its root's not_before_ms; its latency counts from it."""
     queue = AgenticQueue(_graph(("a", "p0", 0.0, []), ("b", "p1", 200.0, [])))
     first = queue.release(0.0)
-    assert queue.next_ready_ms(0.0) == 200.0
+    assert queue.ready_ms == 200.0
     second = queue.release(200.0)
     _end(queue, first, "a", 30.0)
     _end(queue, second, "b", 250.0)
@@ -175,9 +175,9 @@ def test_not_before_counts_from_the_earliest_and_holds_children_too() -> None:
     first = queue.release(0.0)
     assert _ids(queue, first) == ["r"]
     _end(queue, first, "r", 20.0)
-    assert queue.next_ready_ms(20.0) == 40.0
+    assert queue.ready_ms == 40.0
     assert _ids(queue, queue.release(40.0)) == ["q"]
-    assert queue.next_ready_ms(40.0) == 90.0
+    assert queue.ready_ms == 90.0
 
 
 def test_speedup_divides_not_before_and_delays() -> None:
@@ -191,12 +191,12 @@ def test_speedup_divides_not_before_and_delays() -> None:
         ),
         speedup=2.0,
     )
-    assert queue.next_ready_ms(0.0) == 5.0
+    assert queue.ready_ms == 5.0
     root = queue.release(5.0)
-    assert queue.next_ready_ms(5.0) == 9.0
+    assert queue.ready_ms == 9.0
     assert _ids(queue, queue.release(9.0)) == ["d"]
     _end(queue, root, "r", 40.0)
-    assert queue.next_ready_ms(40.0) == 45.0
+    assert queue.ready_ms == 45.0
 
 
 def test_lanes_name_each_request_s_lane() -> None:

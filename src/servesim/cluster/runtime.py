@@ -603,7 +603,9 @@ class Runtime:
             if pools[stage].workers[worker_id].busy_until == at:
                 break
             heapq.heappop(completions)
-        upcoming = self.admission.next_ready_ms(self.now)
+        upcoming = self.admission.ready_ms
+        if upcoming < self.now:
+            upcoming = self.now  # (a closed-loop slot is free)
         if completions and completions[0][0] < upcoming:
             upcoming = completions[0][0]
         if self._flow_timers:
@@ -668,7 +670,7 @@ class Runtime:
             natural
             or self._tick_at == at
             or (bool(self._readies) and self._readies[0][0] == at)
-            or self.admission.next_ready_ms(self.now) == at
+            or max(self.admission.ready_ms, self.now) == at
             or (bool(self._deadlines) and self._deadlines[0][0] == at)
             or self.flow.next_deadline() == at
         )
@@ -809,7 +811,7 @@ class Runtime:
                     changed |= self._apply_readies(now)
             if flow_timers:
                 changed |= self.flow.settle(now, workers_driven=driven)
-            if admission.next_ready_ms(now) <= now:
+            if admission.ready_ms <= now:
                 changed |= self._release_arrivals(now)
             if disk:
                 changed |= self._drive_disk_workers(now, changed)

@@ -241,6 +241,7 @@ class AgenticQueue:
             for i in ids:
                 self._play_of[i] = p
         self._heap: list[tuple[float, int]] = []
+        self.ready_ms = math.inf  # the heap's first ready time
         self._became_ready = 0
         self._dispatched = 0
         self._lanes = lanes
@@ -274,10 +275,7 @@ class AgenticQueue:
     def _push(self, ready: float, node: int) -> None:
         self._became_ready += 1
         heapq.heappush(self._heap, (ready, node))
-
-    def next_ready_ms(self, now: float) -> float:
-        """Earliest time a node can be released."""
-        return self._heap[0][0] if self._heap else math.inf
+        self.ready_ms = self._heap[0][0]
 
     def release(self, now: float) -> list[Released]:
         """Nodes ready at or before ``now``; their dispatch dependents are scheduled."""
@@ -288,6 +286,7 @@ class AgenticQueue:
             out.append(Released(nodes[i].spec, i, now))
             self._dispatched += 1
             self._met(i, Trigger.DISPATCH, now)
+        self.ready_ms = heap[0][0] if heap else math.inf
         return out
 
     def on_finished(self, released: Released, now: float) -> None:

@@ -128,6 +128,8 @@ class StreamQueue:
         self._head = next(self._rows, None)
         self._in_flight = 0
         self._released = 0
+        self.ready_ms = math.inf
+        self._refresh_ready()
 
     def _read(self, tbs: int) -> Iterator[tuple[float | None, Any]]:
         path, cache, tokens = self._plan.path, self._cache, _IdentityTokens()
@@ -146,27 +148,30 @@ class StreamQueue:
         assert timestamp is not None
         return (timestamp - self._plan.origin_ms) / self._speedup
 
-    def next_ready_ms(self, now: float) -> float:
-        """Earliest time the next request can be released."""
+    def _refresh_ready(self) -> None:
+        """Set ``ready_ms``: when the next request can be released (-inf: a slot is free)."""
         if self._head is None:
-            return math.inf
-        if self._concurrency is not None:
-            return now if self._in_flight < self._concurrency else math.inf
-        return self._due(self._head[0])
+            self.ready_ms = math.inf
+        elif self._concurrency is not None:
+            self.ready_ms = -math.inf if self._in_flight < self._concurrency else math.inf
+        else:
+            self.ready_ms = self._due(self._head[0])
 
     def release(self, now: float) -> list[Released]:
         """Requests due at or before ``now``, in file order."""
         out = []
-        while self._head is not None and self.next_ready_ms(now) <= now:
+        while self._head is not None and self.ready_ms <= now:
             out.append(Released(self._head[1], self._released, now))
             self._released += 1
             self._in_flight += 1
             self._head = next(self._rows, None)
+            self._refresh_ready()
         return out
 
     def on_finished(self, released: Released, now: float) -> None:
         """A request ended: its closed-loop slot frees."""
         self._in_flight -= 1
+        self._refresh_ready()
 
     def drained(self) -> bool:
         """The file is read to its end and every request has ended."""
