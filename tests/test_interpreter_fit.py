@@ -15,6 +15,10 @@ import ast
 from pathlib import Path
 
 import servesim
+from servesim.cluster.flows import AggregatedFlow
+from servesim.cluster.runtime import Ledger, Runtime
+from servesim.engine.vllm import VllmScheduler
+from servesim.engine.worker import Worker
 
 SHARED_KEYS_MAX = 30
 """CPython's ``SHARED_KEYS_MAX_SIZE``: the most keys a class's instances share."""
@@ -95,3 +99,21 @@ def test_the_check_sees_the_classes_it_guards() -> None:
     ):
         assert _slotted(classes[name]), name
         assert len(_instance_attributes(classes[name])) > SHARED_KEYS_MAX, name
+
+
+def test_the_functions_run_every_pass_allocate_no_cells() -> None:
+    every_pass = {
+        VllmScheduler: "execute_pass plan_decode _plan_through_finishes _schedule_cohort "
+        "_schedule_waiting _schedule _emit commit_decode _visit_due _join _leave",
+        Worker: "submit cut start_pass _start_window _apply finish_pass",
+        Runtime: "run _upcoming _settle _apply_completions _release_arrivals _start_passes "
+        "_start_pass",
+        Ledger: "deliver_tokens end",
+        AggregatedFlow: "admit on_pass_start on_pass_end",
+    }
+    cells = {
+        f"{cls.__name__}.{name}": getattr(cls, name).__code__.co_cellvars
+        for cls, names in every_pass.items()
+        for name in names.split()
+    }
+    assert {name: found for name, found in cells.items() if found} == {}
