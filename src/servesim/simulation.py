@@ -943,20 +943,22 @@ def _flow(
     if not config.disaggregated:
         engine = config.engine
         kv = config.router_mode == "kv_router"
-        # A request's end may wait for the window it falls in when nothing reacts to it
-        # before: round robin (no state, no queue), an admission that releases nothing
-        # then, no telemetry, planner or time cap (which read or cut the run at pass
-        # ends), and a plain vLLM engine.
-        deferred = (
-            ends_unobserved
-            and fast
+        # A window may follow a stepped pass in one busy period when nothing but the
+        # tokens it delivers sees the pass end: round robin (no state, no queue), no
+        # telemetry, planner or time cap (which read or cut the run at pass ends), and a
+        # plain vLLM engine (no copies completing at pass ends). A request's end may then
+        # wait for the window it falls in too, when the admission releases nothing then.
+        chain = (
+            fast
             and not kv
             and not gauges
             and not fpm
             and config.max_sim_time_ms is None
             and engine.backend is Backend.VLLM
             and engine.native_host_offload is None
+            and disk is None
         )
+        deferred = chain and ends_unobserved
 
         def aggregated(i: int) -> Worker:
             return Worker(
@@ -969,6 +971,7 @@ def _flow(
                 fpm=fpm,
                 shared_host=clients.of(engine),
                 deferred_ends=deferred,
+                chain=chain,
             )
 
         pool = Pool(

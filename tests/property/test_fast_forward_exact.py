@@ -64,7 +64,8 @@ def replay(
     """The token-gap sketches' statistics, then each request's record, of a replay.
 
     ``fast`` turns on the shortcuts (fast-forward windows, the decode cohort, unnamed
-    unshared blocks); ``span`` lets windows run past members' last tokens. ``lru``
+    unshared blocks, a window chained after a stepped pass where the command would
+    chain one); ``span`` lets windows run past members' last tokens. ``lru``
     receives each rank's evictable blocks at the end, oldest first, as their hashes
     (None: unnamed).
     """
@@ -72,6 +73,9 @@ def replay(
     if fast:
         mark_shared_blocks(sessions, config.block_size)
     host = config.native_host_offload
+    chain = (
+        fast and not kv_router and cap is None and config.backend is Backend.VLLM and host is None
+    )
     tier = None
     if host is not None and host.scope == "cluster_shared":
         tier = HostTier(host, config.block_size * (config.kv_cache_bytes_per_token or 0))
@@ -83,6 +87,7 @@ def replay(
             kv_events=kv_router,
             shared_host=None if tier is None else (tier, i * config.dp_size),
             deferred_ends=span,
+            chain=chain,
         )
         for i in range(workers)
     ]

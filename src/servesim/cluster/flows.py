@@ -171,6 +171,10 @@ class AggregatedFlow:
     def on_pass_end(self, pool: Pool, worker: Worker, outputs: PassOutputs, now: float) -> None:
         """See :class:`~servesim.cluster.runtime.Flow`."""
         ledger, policy = self._ledger, self._policy
+        if outputs.prelude is not None:
+            # The stepped pass the window followed (see ``chain`` in Worker), first, as of
+            # its end: it ended no request, so its tokens are all it made visible.
+            ledger.deliver_tokens(*outputs.prelude)
         ledger.deliver_tokens(outputs, now)
         observer = self._observer
         if observer is not None:

@@ -925,7 +925,15 @@ class Runtime:
                 if self._own_work and not worker.busy:
                     self._watch_own_work(pool, worker_id)
                 return started
-            begun = worker.start_pass(now)
+            quiet = None
+            if worker.chain:
+                # Before when nothing can reach the worker: the next arrival, or the next
+                # pass end (which may end a request and release another; a stale one, of
+                # a window cut shorter, only makes it earlier).
+                completions, quiet = self._completions, self.admission.ready_ms
+                if completions and completions[0][0] < quiet:
+                    quiet = completions[0][0]
+            begun = worker.start_pass(now, quiet)
             if begun is None:
                 if self._own_work:
                     self._watch_own_work(pool, worker_id)

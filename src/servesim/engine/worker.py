@@ -19,7 +19,13 @@ Where nothing outside the worker reacts to a request's end before it is
 delivered (``deferred_ends``: round robin, an open loop of one-turn sessions,
 no telemetry, planner or time cap), a window may also run past members' last
 tokens; their ends carry the time of their own pass
-(:attr:`PassOutputs.ended_at`).
+(:attr:`PassOutputs.ended_at`). Where nothing outside sees a pass end but
+through the tokens it delivers (``chain``: round robin, no telemetry, planner or
+time cap, a plain vLLM engine), and nothing can reach the worker before a
+stepped pass ends, the window that would start at that end is planned with the
+pass, in one busy period: the pass's outputs are delivered first, as of its end
+(:attr:`PassOutputs.prelude`), and a request that reaches the worker by then
+after all drops the window (:meth:`cut`).
 
 **Published gauges.** With ``gauges`` on (telemetry), the worker keeps what
 the reference's telemetry reads: each rank's counts as they stood after the
@@ -103,6 +109,9 @@ class PassOutputs:
             rank, with its time (None: the pass end).
         bursts: whether ``emitted`` may list a request more than once (see
             :class:`~servesim.engine.scheduler.PassResult`).
+        prelude: the outputs of the stepped pass a window followed in the same busy
+            period (see ``chain`` in :class:`Worker`), and that pass's end: delivered
+            first, as of then (None: no such pass).
     """
 
     emitted: list[EngineRequest]
@@ -113,6 +122,7 @@ class PassOutputs:
     catch_ups: list[CatchUp]
     seconds: list[tuple[list[EngineRequest], float | None]]
     bursts: bool
+    prelude: tuple[PassOutputs, float] | None
 
     def __init__(self) -> None:
         self.emitted = []
@@ -123,6 +133,7 @@ class PassOutputs:
         self.catch_ups = []
         self.seconds = []
         self.bursts = False
+        self.prelude = None
 
 
 @dataclass(slots=True)
@@ -130,6 +141,7 @@ class _Window:
     plans: list[tuple[RankScheduler, DecodePlan]]
     ends: np.ndarray  # end of each planned pass
     start: float
+    follows: bool = False  # it follows a stepped pass ending at ``start`` (see Worker.chain)
 
 
 @dataclass(slots=True)  # not frozen: one per eviction in a window, and a frozen init costs 3.7x
@@ -160,6 +172,7 @@ class Worker:
         "busy_until",
         "cache_hit_tokens",
         "cache_total_tokens",
+        "chain",
         "config",
         "decode_forwards",
         "decode_tokens",
@@ -188,15 +201,28 @@ class Worker:
         fpm: bool = False,
         deferred_ends: bool = False,
         anonymous_prompts: bool = False,
+        chain: bool = False,
     ) -> None:
         """``deferred_ends``: nothing outside the worker reacts to a request's end before
         it is delivered, so windows may run past last tokens (see the module docstring);
         not with gauges or forward-pass metrics, which count each pass's members.
         ``anonymous_prompts``: a decode worker's ranks keep received prompts unnamed
-        until their KV runs short (see :mod:`servesim.engine.vllm`)."""
+        until their KV runs short (see :mod:`servesim.engine.vllm`).
+        ``chain``: nothing outside the worker reacts to a pass's end but through the
+        tokens it delivers, so a window may follow a stepped pass in the same busy
+        period (see :meth:`start_pass`); a plain vLLM engine only."""
+        assert not chain or (
+            fast_forward
+            and not (gauges or fpm or kv_events)
+            and config.backend is Backend.VLLM
+            and config.native_host_offload is None
+            and disk is None
+            and shared_host is None
+        ), "a window may follow only a pass whose end nothing else sees"
         self.worker_id = worker_id
         self.config = config
         self.fast_forward = fast_forward
+        self.chain = chain
         timing = make_timing(config)
         # With kv_events, each rank records its KV events for a router to drain (see take_events).
         scheduler = _scheduler(config.backend)
@@ -334,6 +360,16 @@ class Worker:
         window = self._window
         if window is None:
             return None
+        if window.follows and (now < window.start or (now == window.start and not started)):
+            # The stepped pass before it is in flight, or ends now: stepping would end
+            # it first, and the request would join the pass after it. The window never
+            # began.
+            self._window = None
+            prelude = self._outputs.prelude
+            assert prelude is not None
+            self._outputs = prelude[0]
+            self.busy_until = window.start
+            return window.start
         done = int(window.ends.searchsorted(now, side="right" if started else "left"))
         passes = done + 1 if done < len(window.ends) else len(window.ends)  # (done >= 0)
         return self._apply(window, passes, ended=passes - 1)
@@ -345,6 +381,7 @@ class Worker:
         """
         window = self._window
         if window is not None:
+            assert not window.follows, "a run with a time cap chains no window (see chain)"
             passes = int(window.ends.searchsorted(limit, side="right"))
             if any(plan.prompt is not None for _, plan in window.plans):
                 passes += 1  # a prompt's chunk counts from its pass's start, as stepping's
@@ -382,11 +419,16 @@ class Worker:
                 return True
         return False
 
-    def start_pass(self, now: float) -> tuple[float, list[tuple[EngineRequest, int]]] | None:
+    def start_pass(
+        self, now: float, quiet_until: float | None = None
+    ) -> tuple[float, list[tuple[EngineRequest, int]]] | None:
         """Start one group pass (or a fast-forward window) at ``now``.
 
         A pass that makes no progress but lowers an SGLang rank's ``new_token_ratio`` is
         run again at the same instant (see :func:`_retry_at_same_instant`).
+        ``quiet_until`` (with ``chain``): nothing can reach the worker before then; a
+        stepped pass that ends earlier, and ends no request, may be followed by the
+        window after it in the same busy period (see :meth:`_chain`).
 
         Returns:
             The end and the admissions made at the start, or None when no rank
@@ -441,7 +483,36 @@ class Worker:
                 sum(r.cache_tokens[1] for r in results),
             )
         self._take_catch_ups()
-        return end, admitted
+        if quiet_until is not None and now < end < quiet_until:
+            out = self._outputs
+            if not (out.finished or out.rejected):
+                self._chain(end)
+        return self.busy_until, admitted
+
+    def _chain(self, end: float) -> None:
+        """Plan the window that would start when the stepped pass in flight ends at ``end``.
+
+        Stepping would end that pass, deliver its outputs and start the window at
+        the same instant. Nothing reaches the worker before then, and nothing but
+        those outputs sees the pass end (the pass ended no request, ``chain``): the
+        window follows the pass at once, and its outputs come after the pass's
+        (:attr:`PassOutputs.prelude`). A request that reaches the worker by ``end``
+        after all drops the window (see :meth:`cut`). Not while a request waits:
+        a window then rarely forms, and planning one at each such pass would cost
+        as much as the instants it saves.
+        """
+        ranks = self.ranks
+        for rank in ranks:
+            if rank.waiting:
+                return
+        for rank in ranks:
+            rank.last_emit_ms = end  # (as the pass end would set it)
+        if self._start_window(end, MAX_WINDOW) is None:
+            return
+        assert self._window is not None
+        self._window.follows = True
+        prelude, self._outputs = self._outputs, PassOutputs()
+        self._outputs.prelude = (prelude, end)
 
     def _pass_fpms(self, ran: list[RankScheduler], wall: float) -> list[ForwardPass]:
         """Each rank's forward-pass metrics of a stepped group pass of ``wall`` seconds (an
