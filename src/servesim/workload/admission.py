@@ -97,17 +97,15 @@ class AdmissionQueue:
         else:
             self._inactive.extend(range(len(sessions)))
         self._starts.append((math.inf, len(sessions), 0))  # a sentinel: never released
-        self.ready_ms = -math.inf
-        self._refresh_ready()
+        self.ready_ms = self._next_ready()
 
-    def _refresh_ready(self) -> None:
-        """Set ``ready_ms``: -inf while a closed-loop slot is free for a waiting session."""
+    def _next_ready(self) -> float:
+        """What ``ready_ms`` is now: -inf while a closed-loop slot is free for a waiting session."""
         if self._inactive and self._concurrency is not None and self._active < self._concurrency:
-            self.ready_ms = -math.inf
-            return
+            return -math.inf
         start = self._starts[self._next_start][0]
         heap = self._heap
-        self.ready_ms = heap[0][0] if heap and heap[0][0] < start else start
+        return heap[0][0] if heap and heap[0][0] < start else start
 
     def release(self, now: float) -> list[Released]:
         """Requests ready at or before ``now``, in release order."""
@@ -129,7 +127,7 @@ class AdmissionQueue:
             else:
                 break
             out.append(Released(sessions[session].turns[turn], session, now))
-        self._refresh_ready()
+        self.ready_ms = self._next_ready()
         return out
 
     def on_finished(self, released: Released, now: float) -> None:
@@ -138,12 +136,12 @@ class AdmissionQueue:
         k = released.spec.turn_index or 0
         if k + 1 < len(turns):
             self._push(now + turns[k + 1].delay_ms / self._delay_speedup, released.session, k + 1)
-            self._refresh_ready()
+            self.ready_ms = self._next_ready()
             return
         self._remaining_sessions -= 1
         if self._concurrency is not None:
             self._active -= 1
-            self._refresh_ready()
+            self.ready_ms = self._next_ready()
 
     def drained(self) -> bool:
         """Every session has finished its last turn."""

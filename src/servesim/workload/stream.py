@@ -128,8 +128,7 @@ class StreamQueue:
         self._head = next(self._rows, None)
         self._in_flight = 0
         self._released = 0
-        self.ready_ms = math.inf
-        self._refresh_ready()
+        self.ready_ms = self._next_ready()
 
     def _read(self, tbs: int) -> Iterator[tuple[float | None, Any]]:
         path, cache, tokens = self._plan.path, self._cache, _IdentityTokens()
@@ -148,14 +147,14 @@ class StreamQueue:
         assert timestamp is not None
         return (timestamp - self._plan.origin_ms) / self._speedup
 
-    def _refresh_ready(self) -> None:
-        """Set ``ready_ms``: when the next request can be released (-inf: a slot is free)."""
+    def _next_ready(self) -> float:
+        """What ``ready_ms`` is now: when the next request can be released (-inf: a slot
+        is free)."""
         if self._head is None:
-            self.ready_ms = math.inf
-        elif self._concurrency is not None:
-            self.ready_ms = -math.inf if self._in_flight < self._concurrency else math.inf
-        else:
-            self.ready_ms = self._due(self._head[0])
+            return math.inf
+        if self._concurrency is not None:
+            return -math.inf if self._in_flight < self._concurrency else math.inf
+        return self._due(self._head[0])
 
     def release(self, now: float) -> list[Released]:
         """Requests due at or before ``now``, in file order."""
@@ -165,13 +164,13 @@ class StreamQueue:
             self._released += 1
             self._in_flight += 1
             self._head = next(self._rows, None)
-            self._refresh_ready()
+            self.ready_ms = self._next_ready()
         return out
 
     def on_finished(self, released: Released, now: float) -> None:
         """A request ended: its closed-loop slot frees."""
         self._in_flight -= 1
-        self._refresh_ready()
+        self.ready_ms = self._next_ready()
 
     def drained(self) -> bool:
         """The file is read to its end and every request has ended."""
