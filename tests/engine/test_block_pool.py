@@ -267,15 +267,28 @@ def test_check_catches_a_double_release_of_a_shared_prefix() -> None:
         pool.check([a])
 
 
-def test_check_catches_an_lru_entry_its_block_does_not_count() -> None:
-    """An entry a block does not count would be taken for its live one: the block evicted
-    from its older place in the LRU, out of order."""
+def test_check_catches_a_block_listed_twice_where_it_is_live() -> None:
+    """A block listed twice in its LRU group would be evicted twice: its id handed out twice."""
     pool, a, b = shared_prefix_state()
-    shared = a[1]
     pool.release(b)
     pool.release(a)
-    pool._queue.appendleft(shared)
-    with pytest.raises(AssertionError, match="a block's queue entries are miscounted"):
+    (key,) = pool._queue  # one group: blocks 0 and 1 (b's and a's third blocks went free)
+    pool._groups[key].insert(0, pool._groups[key][-1])
+    pool._entries += 1
+    with pytest.raises(AssertionError, match="a block is live in the LRU twice"):
+        pool.check()
+
+
+def test_check_catches_an_inactive_block_in_no_group() -> None:
+    """A block marked inactive that its group no longer lists would never be evicted nor
+    taken back: its capacity lost."""
+    pool, a, b = shared_prefix_state()
+    pool.release(b)
+    pool.release(a)
+    (key,) = pool._queue
+    lost = pool._groups[key].pop(0)
+    pool._entries -= 1
+    with pytest.raises(AssertionError, match=f"block {lost} is inactive in no group"):
         pool.check()
 
 
@@ -295,12 +308,41 @@ def test_a_prefix_hit_leaves_a_stale_entry_that_eviction_skips() -> None:
     assert pool.allocate(b, [11], 0)  # block 0 taken back: its entry goes stale
     pool.release(b)  # LRU: 1, 3, 2, 0 (block 0 queued again, at the tail)
     assert pool.lru_order() == [1, 3, 2, 0]
-    assert list(pool._queue) == [1, 0, 3, 2, 0]
+    # Groups, oldest first, the next to go last: block 0 is still listed in the first, stale.
+    assert [pool._groups[key] for key in pool._queue] == [[0, 1], [2, 3], [0]]
     pool.check()
     d: list[int] = []
     assert pool.allocate(d, [], 3)
     assert d == [1, 3, 2]  # block 0's stale entry was passed over, not evicted
     assert pool.lru_order() == [0]
+    pool.check([d])
+
+
+def test_eviction_passes_a_group_taken_back_whole_and_evicts_a_live_one_in_release_order() -> None:
+    """A release's hashed blocks enter the LRU as one group; a prefix hit that takes all of
+    them back leaves the whole group stale, and eviction passes it to the next group, whose
+    blocks go chain tail first and are published in that order."""
+    pool, events = make_pool(6)
+    a: list[int] = []
+    pool.allocate(a, [], 2)
+    pool.cache(a, [11, 12], 0, 2)
+    pool.release(a)  # group [0, 1]
+    b: list[int] = []
+    assert pool.allocate(b, [11, 12], 0)  # both taken back: the group goes stale
+    pool.release(b)  # a new group [0, 1]
+    c: list[int] = []
+    pool.allocate(c, [], 2)
+    pool.cache(c, [21, 22], 0, 2)
+    pool.release(c)  # group [2, 3]
+    assert [pool._groups[key] for key in pool._queue] == [[0, 1], [0, 1], [2, 3]]
+    assert pool._entries == 6 and pool.num_inactive == 4
+    events.clear()
+    d: list[int] = []
+    assert pool.allocate(d, [], 4)  # the two never-used ids, then two evictions
+    assert d == [4, 5, 1, 0]
+    assert events == [KvRemoved((12, 11))]
+    assert [pool._groups[key] for key in pool._queue] == [[2, 3]]
+    assert pool._entries == 2 and pool.lru_order() == [3, 2]
     pool.check([d])
 
 
@@ -316,7 +358,7 @@ def test_stale_entries_are_swept_once_they_outnumber_live_ones() -> None:
         hot: list[int] = []
         assert pool.allocate(hot, [11, 12], 0)
         pool.release(hot)  # 1, 0 go stale at their old places and are queued again
-        assert len(pool._queue) <= 2 * pool.num_inactive + 4096 + 2
+        assert pool._entries <= 2 * pool.num_inactive + 4096 + 2
     assert pool.lru_order() == [2, 1, 0]
     pool.check()
     taken: list[int] = []
@@ -330,8 +372,9 @@ def test_check_catches_a_stale_hash_index_entry() -> None:
     pool.release(b)
     pool.release(a)
     block = pool.lru_order()[0]
-    assert pool._queue.popleft() == block
-    pool._queued[block] -= 1
+    assert pool._groups[pool._queue[0]].pop() == block
+    pool._refs[block] = 0
+    pool._entries -= 1
     pool._inactive -= 1
     pool._free.append(block)  # freed by hand, its hash still indexed
     with pytest.raises(AssertionError, match=f"free block {block} still carries a hash"):

@@ -13,12 +13,19 @@ enter the LRU as one *run* (a single entry holding their ids), evicted as a
 whole or in part, and the rest go back to the free list; no per-block work is
 done for them beyond moving their ids in bulk.
 
-The LRU is a queue of block ids and run keys, oldest first. A hashed block
-taken back from it by a prefix hit leaves its entry behind, stale: an entry is
-live only while it is its block's newest and the block has no references
-(:meth:`_live`), and eviction pops stale entries as it meets them. (An ordered
-dict, removing from the middle, cost three times as much per block released and
-evicted.) Stale entries are dropped in one sweep once they outnumber live ones.
+The LRU is a queue of *groups*, oldest first: a run, or the hashed blocks one
+release made inactive (their ids, the next to go last). A hashed block's
+reference count is negative while it is inactive: the key of its group, so a
+prefix hit that takes it back (its count then positive) leaves its place in the
+group behind, stale, and so does a later release (a newer group's key). An
+entry is live only while the block's count is its group's key
+(:meth:`_live`); eviction passes stale entries as it meets them, and a
+group's tail that is all stale or all live at once. A release whose blocks all
+go to the LRU costs one store per block. (An ordered dict of blocks, removing
+from the middle, cost three times as much per block released and evicted; a
+queue of single blocks, with a count of each block's entries, twice as much
+per block released.) Stale entries are dropped in one sweep once they
+outnumber live ones.
 
 Per-block state grows with the block ids handed out, not with the capacity:
 never-used ids come from a counter, before ids that were used and freed. Several cached copies may carry the
@@ -44,6 +51,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from operator import itemgetter as _getter
 
 BlockId = int
 BlockHash = int
@@ -79,15 +87,16 @@ class BlockPool:
         "_by_hash",
         "_cached_free",
         "_compacted",
+        "_entries",
         "_extra_copies",
         "_free",
         "_free_head",
+        "_groups",
         "_hash",
         "_inactive",
         "_next_id",
         "_next_run",
         "_queue",
-        "_queued",
         "_refs",
         "_runs",
         "capacity",
@@ -103,22 +112,24 @@ class BlockPool:
         self._next_id = 0
         self._free: list[BlockId] = []
         self._free_head = 0
-        # Per-block state, for ids handed out so far: _refs counts a hashed block's holders
-        # (always 0 for an unhashed one, which is how release tells it); _queued counts a
-        # block's entries in the LRU queue (live or stale).
+        # Per-block state, for ids handed out so far: _refs counts a hashed block's holders,
+        # is its LRU group's key (< 0) while it is inactive, and is always 0 for an
+        # unhashed one (which is how release tells it).
         self._hash: list[BlockHash | None] = []
         self._refs: list[int] = []
-        self._queued: list[int] = []
         # First copy of each visible hash; further copies (rare) in _extra_copies.
         # One int per hash, not a list, keeps caching and eviction allocation-free.
         self._by_hash: dict[BlockHash, BlockId] = {}
         self._extra_copies: dict[BlockHash, list[BlockId]] = {}
-        # Oldest first: a hashed block (its id) or a run of a request's own blocks (a key
-        # < 0 into _runs, their ids with the next to go last, so that taking part of a
-        # run costs what it takes). _inactive counts the live blocks.
+        # Oldest first, keys < 0: a run of a request's own blocks (in _runs) or the hashed
+        # blocks a release made inactive (in _groups), their ids with the next to go last,
+        # so that taking part of one costs what it takes. _inactive counts the live
+        # blocks, _entries the ids the groups hold (live or stale).
         self._queue: deque[int] = deque()
         self._runs: dict[int, list[BlockId]] = {}
+        self._groups: dict[int, list[BlockId]] = {}
         self._inactive = 0
+        self._entries = 0
         self._next_run = -1
         # Computed runs that went to the free list's tail (see release): cached blocks
         # to the reference, which counts them inactive until taken. Absolute free-list
@@ -176,27 +187,34 @@ class BlockPool:
             block = by_hash.get(block_hash)
             if block is None:
                 return hits, active
-            if refs[block]:
+            if refs[block] > 0:
                 active += 1
         return (len(hashes) if len(hashes) < limit else limit), active
 
     def removals_of_oldest(self, count: int) -> list[BlockHash | None]:
         """For evicting the ``count`` oldest inactive blocks in turn: the hash each
         eviction would publish as Removed (its last copy going), or None."""
-        block_hash, extra = self._hash, self._extra_copies
+        block_hash, extra, refs = self._hash, self._extra_copies, self._refs
+        runs, groups = self._runs, self._groups
         gone: dict[BlockHash, int] = {}
         out: list[BlockHash | None] = []
-        for key, run in self._live():
+        for key in self._queue:
             if len(out) >= count:
                 break
+            run = runs.get(key)
             if run is not None:
                 out += [None] * min(len(run), count - len(out))
                 continue
-            h = block_hash[key]
-            assert h is not None
-            gone[h] = gone.get(h, 0) + 1
-            copies = 1 + len(extra.get(h, ()))
-            out.append(h if gone[h] == copies else None)
+            for block in reversed(groups[key]):
+                if refs[block] != key:
+                    continue  # stale
+                if len(out) >= count:
+                    break
+                h = block_hash[block]
+                assert h is not None
+                gone[h] = gone.get(h, 0) + 1
+                copies = 1 + len(extra.get(h, ()))
+                out.append(h if gone[h] == copies else None)
         return out
 
     def block_hash(self, block: BlockId) -> BlockHash | None:
@@ -206,28 +224,27 @@ class BlockPool:
     def lru_order(self) -> list[BlockId]:
         """Inactive blocks, next to be evicted first (for tests and diagnostics)."""
         out: list[BlockId] = []
-        for key, run in self._live():
-            out += [key] if run is None else run[::-1]
+        for _, blocks in self._live():
+            out += blocks[::-1]
         return out
 
-    def _live(self) -> Iterator[tuple[int, list[BlockId] | None]]:
-        """The LRU's live entries, oldest first: (block, None) or (run key, its blocks,
-        the next to go last).
+    def _live(self) -> Iterator[tuple[int, list[BlockId]]]:
+        """The LRU's groups and runs, oldest first, with their live blocks (the next to go
+        last): (key, blocks).
 
-        A block's entry is live when it is the block's newest and the block is
-        unreferenced: a prefix hit left the older ones behind (the block active
-        again, or released since under a newer entry).
+        A group's block is live while its reference count is the group's key: a
+        prefix hit took the others back (the block active again, or released since
+        into a newer group).
         """
-        refs, queued, runs = self._refs, self._queued, self._runs
-        seen: dict[int, int] = {}
+        refs, runs, groups = self._refs, self._runs, self._groups
         for key in self._queue:
-            if key < 0:
-                yield key, runs[key]
+            run = runs.get(key)
+            if run is not None:
+                yield key, run
                 continue
-            n = seen.get(key, 0) + 1
-            seen[key] = n
-            if n == queued[key] and not refs[key]:
-                yield key, None
+            live = [block for block in groups[key] if refs[block] == key]
+            if live:
+                yield key, live
 
     # ----- mutations -----
 
@@ -240,18 +257,24 @@ class BlockPool:
         """
         refs = self._refs
         picks = list(map(self._by_hash.__getitem__, prefix))  # each hash's first cached copy
+        taken = 0  # of them, those in the LRU
+        if picks:
+            held = _getter(*picks)(refs) if len(picks) > 1 else (refs[picks[0]],)
+            if max(held) < 0:
+                taken = len(picks)
+            elif min(held) < 0:
+                taken = len([count for count in held if count < 0])
         shortfall = num_new - self.num_free
-        if shortfall > 0:
-            pinned_inactive = list(map(refs.__getitem__, picks)).count(0)  # in the LRU
-            if shortfall > self._inactive - pinned_inactive:
-                return False
+        if shortfall > 0 and shortfall > self._inactive - taken:
+            return False
         table += picks
-        taken = 0
-        for block in picks:
-            held = refs[block]
-            if not held:  # out of the LRU: its entry there goes stale
-                taken += 1
-            refs[block] = held + 1
+        if taken == len(picks):  # (their entries in the LRU go stale)
+            for block in picks:
+                refs[block] = 1
+        else:
+            for block in picks:
+                count = refs[block]
+                refs[block] = count + 1 if count > 0 else 1
         self._inactive -= taken
         if num_new <= 0:
             return True
@@ -268,7 +291,6 @@ class BlockPool:
             self._next_id = block + 1
             self._hash.append(None)
             self._refs.append(0)
-            self._queued.append(0)
         elif self._free_head < len(self._free):
             block = self._free[self._free_head]
             self._free_head += 1
@@ -299,7 +321,6 @@ class BlockPool:
             self._next_id = start + fresh
             self._hash += [None] * fresh
             self._refs += [0] * fresh
-            self._queued += [0] * fresh
             taken = list(range(start, start + fresh))
             if fresh == count:
                 return taken
@@ -368,7 +389,7 @@ class BlockPool:
                 enter the LRU as one run; the rest are freed.
             cached_to: see ``exclusive_from``.
         """
-        refs, queue, free = self._refs, self._queue, self._free
+        queue, free = self._queue, self._free
         size = len(table)
         start = size if exclusive_from is None or exclusive_from > size else exclusive_from
         if start < size:
@@ -392,21 +413,41 @@ class BlockPool:
                     while runs and runs[0][1] <= head:
                         runs.popleft()
                     runs.append((end - len(run), end))
-        queued, enqueue, before = self._queued, queue.append, len(queue)
-        for block in table[start - 1 :: -1] if start else ():
-            held = refs[block]
-            if held == 1:  # its last holder: into the LRU
-                refs[block] = 0
-                enqueue(block)
-                queued[block] += 1
-            elif held:
-                refs[block] = held - 1
-            else:
-                free.append(block)  # private (an unhashed block has no references)
-        self._inactive += len(queue) - before  # (each block it queued)
+        if start:
+            self._enqueue_hashed(table, start)
         table.clear()
-        if len(queue) > 2 * self._inactive + 4096:
+        if self._entries > 2 * self._inactive + 4096:
             self._drop_stale()
+
+    def _enqueue_hashed(self, table: list[BlockId], start: int) -> None:
+        """Release ``table[:start]`` (hashed blocks, and private ones not yet computed): the
+        blocks it held last go into the LRU as one group, the private ones to the free list."""
+        refs, key = self._refs, self._next_run
+        self._next_run = key - 1
+        blocks = table[:start]
+        if start > 1 and _getter(*blocks)(refs).count(1) == start:
+            # Every block its last holder's (most releases): one store each.
+            for block in blocks:
+                refs[block] = key
+            group = blocks
+        else:
+            group, free = [], self._free
+            for block in table[start - 1 :: -1]:
+                held = refs[block]
+                if held == 1:  # its last holder: into the LRU
+                    refs[block] = key
+                    group.append(block)
+                elif held:
+                    refs[block] = held - 1
+                else:
+                    free.append(block)  # private (an unhashed block has no references)
+            if not group:
+                return
+            group.reverse()  # (the next to go last)
+        self._groups[key] = group
+        self._queue.append(key)
+        self._inactive += len(group)
+        self._entries += len(group)
 
     def check(self, tables: Iterable[Sequence[BlockId]] | None = None) -> None:
         """Assert the pool's invariants (tests call this after every step).
@@ -414,7 +455,7 @@ class BlockPool:
         Every block must be in exactly one state, judged block by block rather
         than from the pool's own counters: *free* (on the free list once, or an
         id never handed out; no hash), *inactive* (in the LRU: a hashed block
-        with no references, or in a run with no hash) or *active* (on neither
+        live in its group, or in a run with no hash) or *active* (on neither
         list). The hash index lists exactly the blocks carrying a hash.
 
         Args:
@@ -431,20 +472,15 @@ class BlockPool:
         """
         handed, refs, block_hash = self._next_id, self._refs, self._hash
         assert 0 <= handed <= self.capacity
-        assert len(refs) == len(block_hash) == len(self._queued) == handed
-        entries: dict[int, int] = {}
-        for key in self._queue:
-            if key >= 0:
-                entries[key] = entries.get(key, 0) + 1
-        assert all(self._queued[b] == entries.get(b, 0) for b in range(handed)), (
-            "a block's queue entries are miscounted"
+        assert len(refs) == len(block_hash) == handed
+        queue, runs, groups = list(self._queue), self._runs, self._groups
+        assert len(set(queue)) == len(queue), "a group is queued twice"
+        assert not runs.keys() & groups.keys(), "a key names both a run and a group"
+        assert sorted(queue) == sorted([*runs, *groups]), (
+            "the queue and its runs and groups disagree"
         )
-        assert sorted(k for k in self._queue if k < 0) == sorted(self._runs), (
-            "the queue's runs and the run table disagree"
-        )
-        live = list(self._live())
-        lru = dict(live)
-        assert len(lru) == len(live), "a block is live in the LRU twice"
+        assert all(k < 0 for k in queue), "an LRU key is not negative"
+        assert self._entries == sum(map(len, groups.values())), "the groups' entries are miscounted"
         free = self._free[self._free_head :]
         free_set = set(free)
         assert len(free_set) == len(free), "a block is on the free list twice"
@@ -452,14 +488,21 @@ class BlockPool:
             "a free-list entry is not a block id handed out"
         )
         in_runs: list[BlockId] = []
-        for key, run in lru.items():
-            if run is None:
-                assert 0 <= key < handed, f"LRU key {key} is not a block id"
-                assert block_hash[key] is not None, f"inactive block {key} has no hash"
-                assert refs[key] == 0, f"block {key} has {refs[key]} references but is in the LRU"
-            else:
-                assert key < 0 and run, "a run is keyed by a negative number and not empty"
-                in_runs += run
+        in_groups: list[BlockId] = []
+        for key, blocks in self._live():
+            if key in runs:
+                assert blocks, "a run is empty"
+                in_runs += blocks
+                continue
+            for block in blocks:
+                assert 0 <= block < handed, f"LRU entry {block} is not a block id"
+                assert block_hash[block] is not None, f"inactive block {block} has no hash"
+            in_groups += blocks
+        hashed_set = set(in_groups)
+        assert len(hashed_set) == len(in_groups), "a block is live in the LRU twice"
+        for block in range(handed):
+            if refs[block] < 0:
+                assert block in hashed_set, f"block {block} is inactive in no group"
         runs_set = set(in_runs)
         assert len(runs_set) == len(in_runs), "a block is in the runs twice"
         assert not runs_set & free_set, "a block is both free and in a run"
@@ -467,7 +510,7 @@ class BlockPool:
             assert block_hash[block] is None, f"block {block} in a run carries a hash"
         for block in free_set:
             assert block_hash[block] is None, f"free block {block} still carries a hash"
-        inactive = runs_set | {k for k, run in lru.items() if run is None}
+        inactive = runs_set | hashed_set
         assert not inactive & free_set, "a block is both free and inactive"
         assert len(inactive) == self._inactive, "inactive count disagrees with the LRU"
         active = {b for b in range(handed) if b not in free_set and b not in inactive}
@@ -518,53 +561,84 @@ class BlockPool:
 
         Hashes whose last copy goes are published as one Removed event.
         """
-        queue, runs, block_hash, by_hash = self._queue, self._runs, self._hash, self._by_hash
-        refs, queued, extra = self._refs, self._queued, self._extra_copies
-        popleft = queue.popleft
+        queue, runs, groups, refs = self._queue, self._runs, self._groups, self._refs
+        block_hash, by_hash, extra = self._hash, self._by_hash, self._extra_copies
         evicted: list[BlockId] = []
         removed: list[BlockHash] = []
         self._inactive -= count
         while count:
-            key = popleft()
-            if key < 0:
-                run = runs[key]
+            key = queue[0]
+            run = runs.get(key)
+            if run is not None:
                 if len(run) > count:
                     evicted += run[: -count - 1 : -1]
                     del run[-count:]
-                    queue.appendleft(key)
                     break
+                queue.popleft()
                 del runs[key]
                 evicted += reversed(run)
                 count -= len(run)
                 continue
-            left = queued[key] - 1
-            queued[key] = left
-            if left or refs[key]:
-                continue  # stale: a prefix hit took it back (and it may be queued again)
-            count -= 1
-            h = block_hash[key]
-            block_hash[key] = None
-            evicted.append(key)
-            if extra and h in extra:
-                self._forget_copy(h, key)
-                continue
-            del by_hash[h]  # type: ignore[arg-type]
-            removed.append(h)  # type: ignore[arg-type]
+            group = groups[key]
+            size = len(group)
+            tail = group[size - count :] if size > count else group  # (the next to go last)
+            live = _getter(*tail)(refs).count(key) if len(tail) > 1 else -1
+            if not live:
+                done = len(tail)  # all stale: a later release holds them, or a request
+            elif live == len(tail) and not extra:
+                # All of them live, each its hash's only copy (most evictions): in bulk.
+                hashes = _getter(*tail)(block_hash)
+                for block in tail:
+                    block_hash[block] = None
+                    refs[block] = 0
+                for h in hashes:
+                    del by_hash[h]
+                evicted += reversed(tail)
+                removed += reversed(hashes)
+                done = len(tail)
+                count -= done
+            else:
+                pos = size
+                while pos:
+                    pos -= 1
+                    block = group[pos]
+                    if refs[block] != key:
+                        continue  # stale: a prefix hit took it back (it may be in a newer group)
+                    h = block_hash[block]
+                    block_hash[block] = None
+                    refs[block] = 0
+                    evicted.append(block)
+                    if extra and h in extra:
+                        self._forget_copy(h, block)
+                    else:
+                        del by_hash[h]  # type: ignore[arg-type]
+                        removed.append(h)  # type: ignore[arg-type]
+                    count -= 1
+                    if not count:
+                        break
+                done = size - pos
+            self._entries -= done
+            if done == size:
+                queue.popleft()
+                del groups[key]
+            else:
+                del group[size - done :]
         if removed and self.events is not None:
             self.events.append(KvRemoved(tuple(removed)))
         return evicted
 
     def _drop_stale(self) -> None:
-        """Rebuild the queue from its live entries, in order."""
-        live = list(self._live())
-        queued = self._queued
+        """Keep only the groups' live entries, in order."""
+        live = dict(self._live())
+        groups = self._groups
         for key in self._queue:
-            if key >= 0:
-                queued[key] = 0
-        for key, run in live:
-            if run is None:
-                queued[key] = 1
-        self._queue = deque(key for key, _ in live)
+            if key in groups:
+                if key in live:
+                    groups[key] = live[key]
+                else:
+                    del groups[key]
+        self._queue = deque(live)
+        self._entries = sum(map(len, groups.values()))
 
     def _forget_copy(self, h: BlockHash, block: BlockId) -> None:
         """Drop one of several copies of ``h``; the hash stays visible."""
