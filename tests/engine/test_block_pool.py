@@ -32,6 +32,23 @@ def test_caching_publishes_one_stored_run_with_its_parent() -> None:
     assert events == [KvStored(None, (11,)), KvStored(11, (12, 13))]
 
 
+def test_caching_passes_over_a_reused_block_and_splits_its_runs_at_an_extra_copy() -> None:
+    """A block that already holds a hash (a prefix copy) is left out of the Stored runs
+    without ending one; a block whose hash another block already shows becomes an extra
+    copy, publishes nothing and ends the run before it."""
+    pool, events = make_pool(8)
+    a: list[int] = []
+    pool.allocate(a, [], 2)
+    pool.cache(a, [1, 2], 0, 2)
+    b: list[int] = []
+    assert pool.allocate(b, [1], 3)  # block 0 by a prefix hit, then 2, 3, 4
+    events.clear()
+    pool.cache(b, [1, 5, 2, 6], 0, 4)  # block 3 would show hash 2, which block 1 shows
+    assert events == [KvStored(1, (5,)), KvStored(2, (6,))]
+    assert pool.block_hash(3) == 2 and pool.contains(2)
+    pool.check([a, b])
+
+
 def test_release_puts_the_chain_tail_first_in_the_lru() -> None:
     """Releasing in reverse makes the last block the oldest inactive one; private blocks go free."""
     pool, _ = make_pool(4)

@@ -344,36 +344,41 @@ class BlockPool:
         block is held by its own table alone.
         """
         block_hash, refs = self._hash, self._refs
-        by_hash = self._by_hash
+        first_copy = self._by_hash.setdefault  # one look-up of the (large) index, not two
+        hashed: list[BlockId] = []  # blocks that already held a hash: left alone
+        copies: list[BlockId] = []  # blocks that became extra copies of a visible hash
+        for block, h in zip(table[start:end], hashes[start:end], strict=True):
+            if block_hash[block] is not None:
+                hashed.append(block)
+                continue
+            block_hash[block] = h
+            refs[block] = 1
+            if first_copy(h, block) != block:
+                self._extra_copies.setdefault(h, []).append(block)
+                copies.append(block)
         events = self.events
-        if events is None:
-            first_copy = by_hash.setdefault  # one look-up of the (large) index, not two
-            for block, h in zip(table[start:end], hashes[start:end], strict=True):
-                if block_hash[block] is None:
-                    block_hash[block] = h
-                    refs[block] = 1
-                    if first_copy(h, block) != block:
-                        self._extra_copies.setdefault(h, []).append(block)
+        if events is None or start >= end:
             return
+        if not (hashed or copies):  # (most caching: every hash visible now)
+            events.append(KvStored(hashes[start - 1] if start else None, tuple(hashes[start:end])))
+            return
+        # Runs of the blocks whose hash became visible: a block left alone is passed over,
+        # an extra copy ends a run.
+        passed, ends = set(hashed), set(copies)
         run: list[BlockHash] = []
         run_parent: BlockHash | None = None
         for i in range(start, end):
             block = table[i]
-            if block_hash[block] is not None:
+            if block in passed:
                 continue
-            h = hashes[i]
-            block_hash[block] = h
-            refs[block] = 1
-            if h not in by_hash:
-                by_hash[h] = block
-                if not run:
-                    run_parent = hashes[i - 1] if i > 0 else None
-                run.append(h)
+            if block in ends:
+                if run:
+                    events.append(KvStored(run_parent, tuple(run)))
+                    run = []
                 continue
-            self._extra_copies.setdefault(h, []).append(block)
-            if run:
-                events.append(KvStored(run_parent, tuple(run)))
-                run = []
+            if not run:
+                run_parent = hashes[i - 1] if i > 0 else None
+            run.append(hashes[i])
         if run:
             events.append(KvStored(run_parent, tuple(run)))
 
