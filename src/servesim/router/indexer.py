@@ -114,8 +114,24 @@ class KvIndexer:
         return frozenset(_holding(self._device, block_hash))
 
 
-def targets_in(mask: int) -> Iterator[int]:
-    """The targets whose bits are set in ``mask``, lowest first."""
+def targets_in(mask: int) -> tuple[int, ...]:
+    """The targets whose bits are set in ``mask``, lowest first.
+
+    Remembered: a trace's requests start with a few blocks, held by the same
+    few sets of targets, so the same masks come again and again.
+    """
+    targets = _TARGETS.get(mask)
+    if targets is None:
+        if len(_TARGETS) >= 4096:
+            _TARGETS.clear()
+        targets = _TARGETS[mask] = tuple(_bits(mask))
+    return targets
+
+
+_TARGETS: dict[int, tuple[int, ...]] = {}
+
+
+def _bits(mask: int) -> Iterator[int]:
     while mask:
         low = mask & -mask
         mask ^= low

@@ -299,14 +299,19 @@ class KvRouter:
         else:
             uncredited = np.zeros(self.targets)
         device, host, unit = overlaps.device, overlaps.host, config.overlap_score_credit
-        for target in (device.keys() | host.keys()) if host else device:
-            factor = unit if decay is None else unit * float(decay[target])
-            credit = factor * device.get(target, 0)
-            if target in host:
-                credit = credit + config.host_cache_hit_weight * host[target]
-            left = float(uncredited[target]) - credit
-            # max(0.0, x) keeps 0.0 unless x > 0.0 (NaN and -0.0 included).
-            uncredited[target] = left if left > 0.0 else 0.0
+        if device or host:
+            # As Python floats (the same doubles): a numpy element costs several times more.
+            lefts = uncredited.tolist()
+            decays = None if decay is None else decay.tolist()
+            for target in (device.keys() | host.keys()) if host else device:
+                factor = unit if decays is None else unit * decays[target]
+                credit = factor * device.get(target, 0)
+                if target in host:
+                    credit = credit + config.host_cache_hit_weight * host[target]
+                left = lefts[target] - credit
+                # max(0.0, x) keeps 0.0 unless x > 0.0 (NaN and -0.0 included).
+                lefts[target] = left if left > 0.0 else 0.0
+            uncredited = np.array(lefts)
         blocks = request.isl // bs
         if not config.router_track_active_blocks:
             costs = np.full(self.targets, float(blocks))
