@@ -112,3 +112,42 @@ def test_a_head_that_fits_by_the_prefix_others_hold_is_admitted(
     exact = replay_trace(exact_passes=True)
     assert len(fast) == 24 and sum(r.reused_input_tokens for r in fast) == 1984
     assert_same_records(fast, exact)
+
+
+def test_a_blocked_head_waits_through_windows_beside_a_host_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host KV tier under the same small GPU cache: two groups of twelve requests sharing
+    a prefix arrive at once, then the first group's prefix comes back after the second
+    evicted it from the GPU, and is loaded from host. While no copy is under way and the
+    waiting head's lookup would only touch its host blocks as they already are, its
+    passes are planned as windows; every record, with the tokens reused from host, is
+    what stepping gives."""
+    rows = [(0.0, 96, 40, [1, 2, 3, 4, 5, 100 + i]) for i in range(12)]
+    rows += [(0.0, 96, 40, [6, 7, 8, 9, 10, 200 + i]) for i in range(12)]
+    rows += [(4000.0, 96, 40, [1, 2, 3, 4, 5, 300 + i]) for i in range(12)]
+    trace = write_trace(tmp_path / "returning.jsonl", rows)
+    engine = {
+        "block_size": 16,
+        "num_gpu_blocks": 20,
+        "kv_cache_bytes_per_token": 1_000_000,  # (16 MB a block: copies take a while)
+        "native_host_offload": {"num_host_blocks": 60},
+    }
+
+    def replay_trace(*, exact_passes: bool) -> list[Any]:
+        config = RunConfig(
+            trace=str(trace),
+            trace_block_size=16,
+            engine=parse_engine_args(engine),
+            exact_passes=exact_passes,
+        )
+        return run(config).records
+
+    planned = count_windows(monkeypatch)
+    fast = replay_trace(exact_passes=False)
+    assert planned == {"windows": 31, "while waiting": 26}  # (counted on this run)
+    exact = replay_trace(exact_passes=True)
+    host = [r.first_admission_host_reused_input_tokens for r in fast]
+    assert host == [r.first_admission_host_reused_input_tokens for r in exact]
+    assert sum(host) == 80  # (the first returning request loads its five shared blocks)
+    assert_same_records(fast, exact)

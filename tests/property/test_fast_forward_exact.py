@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from servesim.config import Backend, EngineConfig, HostOffloadConfig
@@ -60,6 +60,7 @@ def replay(
     kv_router: bool = False,
     span: bool = False,
     lru: list[list[int | None]] | None = None,
+    host_lru: list[list[int]] | None = None,
 ) -> list[tuple[object, ...]]:
     """The token-gap sketches' statistics, then each request's record, of a replay.
 
@@ -67,7 +68,7 @@ def replay(
     unshared blocks, a window chained after a stepped pass where the command would
     chain one); ``span`` lets windows run past members' last tokens. ``lru``
     receives each rank's evictable blocks at the end, oldest first, as their hashes
-    (None: unnamed).
+    (None: unnamed); ``host_lru`` each host tier's, once a tier.
     """
     sessions = build(sessions_spec)
     if fast:
@@ -99,6 +100,10 @@ def replay(
             for rank in worker.ranks:
                 assert isinstance(rank, VllmScheduler)
                 lru.append([rank.pool.block_hash(b) for b in rank.pool.lru_order()])
+    if host_lru is not None:
+        ranks = [rank for worker in pool for rank in worker.ranks]
+        tiers = [rank.host_tier for rank in ranks if isinstance(rank, VllmScheduler)]
+        host_lru += [tier.lru_order() for tier in dict.fromkeys(tiers) if tier is not None]
     gaps = [(s.describe(), s.count) for s in (collector.itl, collector.per_user)]
     return gaps + [
         (
@@ -186,11 +191,86 @@ def test_fast_forward_records_equal_exact_passes(
         kv_cache_bytes_per_token=250_000,
         native_host_offload=host,
     )
-    fast = replay(sessions_spec, config, workers, concurrency, cap, True, kv_router)
-    exact = replay(sessions_spec, config, workers, concurrency, cap, False, kv_router)
+    fast_host: list[list[int]] = []
+    exact_host: list[list[int]] = []
+    fast = replay(
+        sessions_spec, config, workers, concurrency, cap, True, kv_router, host_lru=fast_host
+    )
+    exact = replay(
+        sessions_spec, config, workers, concurrency, cap, False, kv_router, host_lru=exact_host
+    )
     assert len(fast) == len(exact)
     for f, e in zip(fast, exact, strict=True):
         assert all(same(a, b) for a, b in zip(f, e, strict=True)), (f, e)
+    assert fast_host == exact_host  # (a window's lookups leave host recency as stepping does)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sessions_spec=st.lists(
+        st.tuples(st.floats(0, 100, allow_nan=False), turns), min_size=4, max_size=12
+    ),
+    workers=st.integers(1, 2),
+    dp_size=st.integers(1, 2),
+    blocks=st.integers(26, 48),  # (a request's 100 tokens at most always fit alone)
+    host_blocks=st.integers(4, 60),
+    d2h=st.sampled_from([0.0, 0.5, 4.0]),
+    concurrency=st.one_of(st.none(), st.integers(2, 8)),
+)
+@example(  # A window after a boundary made other host blocks recent, then a preempting pass.
+    sessions_spec=[
+        (18.0, [([0], 55, 0.0)]),
+        (19.0, [([4, 3, 1, 2], 50, 0.0)]),
+        (39.0, [([1, 1, 1, 2, 2], 23, 0.0)]),
+        (0.0, [([0, 2], 47, 0.0)]),
+        (0.0, [([0, 0, 0, 3, 2], 36, 0.0)]),
+        (42.0, [([1, 0, 2, 4], 25, 0.0)]),
+        (0.0, [([0, 3], 40, 0.0)]),
+        (87.0, [([0, 1, 4], 37, 0.0)]),
+        (76.0, [([1], 18, 0.0)]),
+    ],
+    workers=2,
+    dp_size=1,
+    blocks=28,
+    host_blocks=17,
+    d2h=4.0,
+    concurrency=None,
+)
+def test_windows_while_a_head_waits_beside_a_host_tier_equal_exact_passes(
+    sessions_spec: list[tuple[float, list[tuple[list[int], int, float]]]],
+    workers: int,
+    dp_size: int,
+    blocks: int,
+    host_blocks: int,
+    d2h: float,
+    concurrency: int | None,
+) -> None:
+    """A GPU cache too small for the load, over a host tier of each rank's own: requests
+    wait, and windows form while the waiting head's lookups would only touch its host
+    blocks as they are. Every record, the token-gap statistics and each host tier's
+    recency order are what stepping gives.
+
+    The explicit example was found by a random search against windows that skipped
+    a lookup whose touch reordered the tier (a copy's blocks became recent at the
+    boundary before), counting on the stepped pass after the window to touch the
+    head again: that pass preempted, and looked nothing up."""
+    host = HostOffloadConfig(
+        num_host_blocks=host_blocks, d2h_bandwidth_gbps=d2h, h2d_bandwidth_gbps=2.0
+    )
+    config = EngineConfig(
+        block_size=4,
+        num_gpu_blocks=blocks,
+        dp_size=dp_size,
+        kv_cache_bytes_per_token=250_000,
+        native_host_offload=host,
+    )
+    fast_host: list[list[int]] = []
+    exact_host: list[list[int]] = []
+    fast = replay(sessions_spec, config, workers, concurrency, None, True, host_lru=fast_host)
+    exact = replay(sessions_spec, config, workers, concurrency, None, False, host_lru=exact_host)
+    for f, e in zip(fast, exact, strict=True):
+        assert all(same(a, b) for a, b in zip(f, e, strict=True)), (f, e)
+    assert fast_host == exact_host
 
 
 @settings(max_examples=60, deadline=None)

@@ -282,6 +282,11 @@ class HostOffload:
         self._restore_rounds[request.uid] = self._restore_rounds.get(request.uid, 0) + 1
         return True
 
+    def touched_last(self, request: EngineRequest) -> bool:
+        """Whether looking the request up now would touch its host blocks as they are:
+        its prompt was the last one touched, and nothing became recent since."""
+        return self.tier.touched_last(self._states[request.uid].prompt_keys)
+
     def loading_any(self, keys: list[BlockKey]) -> bool:
         """Whether another request's load is copying one of these blocks."""
         return not self._loading_keys.keys().isdisjoint(keys)

@@ -312,6 +312,11 @@ class VllmScheduler:
             self._offload.track(request, request.hashes[:full])
 
     @property
+    def host_tier(self) -> HostTier | None:
+        """The host KV tier the rank offloads to (a shared one: the deployment's), if any."""
+        return None if self._offload is None else self._offload.tier
+
+    @property
     def kv_events(self) -> list[KvEvent] | None:
         """The KV events recorded since they were last taken (None: not recorded)."""
         return self.pool.events
@@ -553,12 +558,12 @@ class VllmScheduler:
         running = self.running
         if not running or len(running) > self._max_tokens:
             return None
+        if self._connector or (self._offload is not None and not self._offload.idle()):
+            return None  # a copy under way may complete, or fence a new block, mid-window
         if self.waiting and (self._waited_step != self._step or not self._waiting_blocked()):
             return None  # (a request that waits through a stepped pass may be blocked)
         if self._others:
             return None if self.waiting else self._plan_chunks(limit)
-        if self._connector or (self._offload is not None and not self._offload.idle()):
-            return None  # a copy under way may complete, or fence a new block, mid-window
         members, step, bs = self._members, self._step, self.block_size
         n = len(members)
         finishes = [r.finish_step for r in members]
@@ -606,14 +611,42 @@ class VllmScheduler:
         the free list or by evicting, which can only shorten the head's cached
         prefix), so the head's admission check fails at each of them until a
         request ends and releases its blocks. Not on a decode rank (whose head
-        depends on reservations and transfers) nor with host or connector copies
-        (whose lookups have effects of their own).
+        depends on reservations and transfers) nor with connector copies; with a
+        host tier, only while the head's lookup changes nothing (see
+        :meth:`_offload_head_blocked`).
         """
-        if self._offload is not None or self._connector or isinstance(self.role, DestinationRole):
+        if self._connector or isinstance(self.role, DestinationRole):
             return False
         if len(self.running) >= self._max_seqs:
             return True
+        if self._offload is not None:
+            return self._offload_head_blocked()
         return self._admission(self.waiting[0]) is None
+
+    def _offload_head_blocked(self) -> bool:
+        """With a host tier of the rank's own and no disk under it, while no copy is
+        under way (:meth:`plan_decode` looks first): whether the waiting head, looked
+        up as the offload waiting loop does, would not fit, its lookup touching its
+        host blocks as they already are.
+
+        Its lookup then finds a run on host or none, never deferring, and it
+        fits by the same count of blocks either way (a run's load takes as
+        many GPU blocks as computing it), so it fails at each decode-only pass
+        as without a tier. Nothing touches, stores or evicts a host block at
+        those passes, so each of its lookups changes nothing. (Its touch must
+        be a no-op from the first: the stepped pass after the window may
+        preempt, and look nothing up.)
+        """
+        offload = self._offload
+        assert offload is not None
+        if offload.disk is not None or offload.tier.shared:
+            return False  # (other workers' copies, and reads from disk, change the tier)
+        request = self.waiting[0]  # (with no connector waiter, the loop's next request)
+        if not offload.touched_last(request) or self.never_fits(request):
+            return False
+        full, raw, raw_active = self._gpu_prefix(request)
+        _, active = self._offload_prefix(request, full, raw, raw_active)
+        return self._offload_shortfall(request, active) > 0
 
     def _plan_chunks(self, limit: int) -> DecodePlan | None:
         """Up to ``limit`` passes in which the one running request that is not a member
@@ -1139,25 +1172,18 @@ class VllmScheduler:
                 if verdict is Lookup.DEFERRED:
                     self._sleep(request)
                     continue
-                # The lookup leaves the GPU pool as it was: the admission's match is the same
-                # one, cut to leave the prompt's last token to compute.
-                limit = min(full, (length - 1) // bs)
-                g1, active = (
-                    (raw, raw_active)
-                    if raw <= limit
-                    else self.pool.match_prefix(request.hashes, limit)
-                )
+                # The lookup leaves the GPU pool as it was.
+                g1, active = self._offload_prefix(request, full, raw, raw_active)
             if too_long or self.never_fits(request):
                 self._dequeue(request)
                 request.status = _FINISHED
                 offload.forget(request)
                 result.rejected.append(request)
                 continue
-            needed = -(-length // bs) - max(active, offload.reserved_blocks(request))
-            available = self.config.num_gpu_blocks - self.pool.num_active
+            short = self._offload_shortfall(request, active)
             if verdict is Lookup.HIT:
-                available -= reserved
-            if needed > available:
+                short += reserved  # (beside what running prefills and loads still need)
+            if short > 0:
                 return
             if verdict is Lookup.HIT:
                 if offload.loading_any(keys):
@@ -1176,6 +1202,25 @@ class VllmScheduler:
             request.host_reused = offload.on_admitted(request, g1 * bs)
             # Admitted: its load's tail is its running prefill's now.
             reserved += self._prefill_reservation(request) - before
+
+    def _offload_prefix(
+        self, request: EngineRequest, full: int, raw: int, raw_active: int
+    ) -> tuple[int, int]:
+        """The cached GPU prefix a host-tier admission reuses, and how many of its blocks
+        are active: the lookup's match (``raw`` of the ``full`` named blocks, ``raw_active``
+        active), cut to leave the prompt's last token to compute."""
+        limit = min(full, (request.length - 1) // self.block_size)
+        return (raw, raw_active) if raw <= limit else self.pool.match_prefix(request.hashes, limit)
+
+    def _offload_shortfall(self, request: EngineRequest, active: int) -> int:
+        """GPU blocks the request lacks to be admitted, or to load its host run, now
+        (> 0: it does not fit), before the blocks running prefills and loads still need."""
+        offload = self._offload
+        assert offload is not None
+        needed = -(-request.length // self.block_size) - max(
+            active, offload.reserved_blocks(request)
+        )
+        return needed - (self.config.num_gpu_blocks - self.pool.num_active)
 
     def _offload_next(self) -> EngineRequest | None:
         """The next request the waiting loop tries with a host tier: the first awake

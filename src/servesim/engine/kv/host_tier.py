@@ -292,15 +292,20 @@ class HostTier:
             self._lru[key] = None
             self._recency += 1
 
+    def touched_last(self, keys: list[BlockKey]) -> bool:
+        """Whether touching this prompt now would change nothing: it was the last one
+        touched, and nothing became recent since (evictions only remove blocks, so its
+        blocks are still in the order that touch left them)."""
+        last, recency = self._last_prompt
+        return last is keys and recency == self._recency
+
     def touch_prompt(self, keys: list[BlockKey]) -> None:
         """Touch a prompt's blocks last first (its first block ends up the most recent).
 
-        A blocked request looks its prompt up every pass; when nothing became
-        recent since its previous touch, the blocks are already in that order
-        (evictions only remove blocks), and the walk is skipped.
+        A blocked request looks its prompt up every pass; the walk is skipped
+        when it would change nothing (see :meth:`touched_last`).
         """
-        last, recency = self._last_prompt
-        if last is keys and recency == self._recency:
+        if self.touched_last(keys):
             return
         lru = self._lru
         for key in reversed(keys):
