@@ -34,6 +34,17 @@ def replay(engine: dict[str, Any], *, exact_passes: bool, **arrivals: Any) -> li
     return replay_synthetic(100, 40, 30, engine, exact_passes=exact_passes, **arrivals).records
 
 
+def replay_trace(trace: Path, engine: dict[str, Any], *, exact_passes: bool) -> list[Any]:
+    """The records of a Mooncake trace (16-token trace blocks) replayed on one worker."""
+    config = RunConfig(
+        trace=str(trace),
+        trace_block_size=16,
+        engine=parse_engine_args(engine),
+        exact_passes=exact_passes,
+    )
+    return run(config).records
+
+
 def assert_same_records(fast: list[Any], exact: list[Any]) -> None:
     assert len(fast) == len(exact) > 0
     for f, e in zip(fast, exact, strict=True):
@@ -97,19 +108,11 @@ def test_a_head_that_fits_by_the_prefix_others_hold_is_admitted(
         tmp_path / "shared.jsonl", [(0.0, 96, 40, [1, 2, 3, 4, 5, 100 + i]) for i in range(24)]
     )
 
-    def replay_trace(*, exact_passes: bool) -> list[Any]:
-        config = RunConfig(
-            trace=str(trace),
-            trace_block_size=16,
-            engine=parse_engine_args({"block_size": 16, "num_gpu_blocks": 20}),
-            exact_passes=exact_passes,
-        )
-        return run(config).records
-
+    engine = {"block_size": 16, "num_gpu_blocks": 20}
     planned = count_windows(monkeypatch)
-    fast = replay_trace(exact_passes=False)
+    fast = replay_trace(trace, engine, exact_passes=False)
     assert planned == {"windows": 20, "while waiting": 18}  # (counted on this run)
-    exact = replay_trace(exact_passes=True)
+    exact = replay_trace(trace, engine, exact_passes=True)
     assert len(fast) == 24 and sum(r.reused_input_tokens for r in fast) == 1984
     assert_same_records(fast, exact)
 
@@ -134,19 +137,10 @@ def test_a_blocked_head_waits_through_windows_beside_a_host_tier(
         "native_host_offload": {"num_host_blocks": 60},
     }
 
-    def replay_trace(*, exact_passes: bool) -> list[Any]:
-        config = RunConfig(
-            trace=str(trace),
-            trace_block_size=16,
-            engine=parse_engine_args(engine),
-            exact_passes=exact_passes,
-        )
-        return run(config).records
-
     planned = count_windows(monkeypatch)
-    fast = replay_trace(exact_passes=False)
+    fast = replay_trace(trace, engine, exact_passes=False)
     assert planned == {"windows": 31, "while waiting": 26}  # (counted on this run)
-    exact = replay_trace(exact_passes=True)
+    exact = replay_trace(trace, engine, exact_passes=True)
     host = [r.first_admission_host_reused_input_tokens for r in fast]
     assert host == [r.first_admission_host_reused_input_tokens for r in exact]
     assert sum(host) == 80  # (the first returning request loads its five shared blocks)

@@ -133,6 +133,30 @@ def same(a: object, b: object) -> bool:
     return a == b
 
 
+def assert_fast_equals_exact(
+    sessions_spec: list[tuple[float, list[tuple[list[int], int, float]]]],
+    config: EngineConfig,
+    workers: int,
+    concurrency: int | None,
+    cap: float | None,
+    kv_router: bool,
+) -> None:
+    """The replay with the shortcuts and the one stepping every pass give the same records
+    and token-gap statistics, and leave each host tier's recency order the same."""
+    fast_host: list[list[int]] = []
+    exact_host: list[list[int]] = []
+    fast = replay(
+        sessions_spec, config, workers, concurrency, cap, True, kv_router, host_lru=fast_host
+    )
+    exact = replay(
+        sessions_spec, config, workers, concurrency, cap, False, kv_router, host_lru=exact_host
+    )
+    assert len(fast) == len(exact)
+    for f, e in zip(fast, exact, strict=True):
+        assert all(same(a, b) for a, b in zip(f, e, strict=True)), (f, e)
+    assert fast_host == exact_host
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     sessions_spec=st.lists(
@@ -191,18 +215,7 @@ def test_fast_forward_records_equal_exact_passes(
         kv_cache_bytes_per_token=250_000,
         native_host_offload=host,
     )
-    fast_host: list[list[int]] = []
-    exact_host: list[list[int]] = []
-    fast = replay(
-        sessions_spec, config, workers, concurrency, cap, True, kv_router, host_lru=fast_host
-    )
-    exact = replay(
-        sessions_spec, config, workers, concurrency, cap, False, kv_router, host_lru=exact_host
-    )
-    assert len(fast) == len(exact)
-    for f, e in zip(fast, exact, strict=True):
-        assert all(same(a, b) for a, b in zip(f, e, strict=True)), (f, e)
-    assert fast_host == exact_host  # (a window's lookups leave host recency as stepping does)
+    assert_fast_equals_exact(sessions_spec, config, workers, concurrency, cap, kv_router)
 
 
 @settings(max_examples=60, deadline=None)
@@ -264,13 +277,7 @@ def test_windows_while_a_head_waits_beside_a_host_tier_equal_exact_passes(
         kv_cache_bytes_per_token=250_000,
         native_host_offload=host,
     )
-    fast_host: list[list[int]] = []
-    exact_host: list[list[int]] = []
-    fast = replay(sessions_spec, config, workers, concurrency, None, True, host_lru=fast_host)
-    exact = replay(sessions_spec, config, workers, concurrency, None, False, host_lru=exact_host)
-    for f, e in zip(fast, exact, strict=True):
-        assert all(same(a, b) for a, b in zip(f, e, strict=True)), (f, e)
-    assert fast_host == exact_host
+    assert_fast_equals_exact(sessions_spec, config, workers, concurrency, None, False)
 
 
 @settings(max_examples=60, deadline=None)
