@@ -587,6 +587,7 @@ class BlockPool:
             group = groups[key]
             size = len(group)
             tail = group[size - count :] if size > count else group  # (the next to go last)
+            # Its live blocks (one block: itemgetter gives it bare, and -1 sends it to the walk).
             live = _getter(*tail)(refs).count(key) if len(tail) > 1 else -1
             if not live:
                 done = len(tail)  # all stale: a later release holds them, or a request
